@@ -1,0 +1,29 @@
+//! The messages pgmr exchanges, and how they are framed.
+//!
+//! Two channels use the same framing (a 4-byte big-endian length, then a JSON document):
+//!
+//! * the **local channel** ([`local`]): a PostgreSQL backend (the extension) asks its node's
+//!   pgmr over a Unix socket; one request, one response, then the connection closes;
+//! * **inter-node RPC** ([`peer`]): pgmr to pgmr over TCP; a connection starts with a mutual
+//!   HMAC handshake ([`auth`]) and then carries multiplexed requests and responses tagged with
+//!   ids, so that heartbeats, the meta Raft group, range Raft groups and forwarded statements
+//!   can share one connection per peer without head-of-line waits on each other's replies.
+//!
+//! This crate must never depend on pgrx or tokio: the extension links it into PostgreSQL
+//! backends, and its blocking client ([`framing::call_local`]) is written against `std` only.
+
+pub mod auth;
+pub mod framing;
+pub mod local;
+pub mod peer;
+
+/// Bumped whenever a message changes incompatibly; peers with another version are refused at
+/// the handshake with an error that names both versions.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts. A longer length prefix closes the connection: it is
+/// either a bug or an attack, and buffering it would let one peer exhaust memory.
+pub const MAX_FRAME_LEN: usize = 16 << 20;
+
+/// The pgmr release, reported by `node_info()` and in handshakes.
+pub const PGMR_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,87 @@
+//! Inter-node RPC messages.
+//!
+//! A connection carries [`PeerFrame`]s: first the handshake (`Hello`, then `Proof`), then
+//! `Request`/`Response` pairs matched by id. Either side may send requests on a connection
+//! it accepted or dialled. New message kinds (Raft, range traffic, forwarded statements) are
+//! added as new variants of [`PeerRequest`]/[`PeerResponse`]; a peer that receives a variant
+//! it does not know answers with [`PeerResponse::Error`] instead of dropping the connection.
+
+use serde::{Deserialize, Serialize};
+
+/// How a node is known to its peers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDescriptor {
+    pub node_id: u64,
+    pub rpc_addr: String,
+    pub sql_addr: String,
+    pub locality: String,
+    pub pgmr_version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PeerFrame {
+    Hello(Hello),
+    Proof { mac: String },
+    Request { id: u64, body: PeerRequest },
+    Response { id: u64, body: PeerResponse },
+}
+
+/// First frame in each direction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    /// `None` only for a node that has not joined yet.
+    pub cluster_id: Option<String>,
+    /// 32 random bytes, hex; the peer's proof must cover it, so proofs cannot be replayed.
+    pub nonce: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PeerRequest {
+    /// A new node asks for a node id and the current membership.
+    Join { rpc_addr: String, sql_addr: String, locality: String },
+    /// Periodic liveness probe that also gossips membership and measured RTTs.
+    Heartbeat(Gossip),
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum PeerResponse {
+    Joined { node_id: u64, cluster_id: String, members: Vec<NodeDescriptor> },
+    /// This node cannot allocate ids; ask the node at `rpc_addr` instead.
+    Redirect { rpc_addr: String },
+    HeartbeatAck(Gossip),
+    Error { message: String, retryable: bool },
+}
+
+/// What a heartbeat (and its ack) carries: the sender, the nodes it knows, and the RTTs it has
+/// measured to them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gossip {
+    pub from: NodeDescriptor,
+    pub members: Vec<NodeDescriptor>,
+    pub rtts: Vec<MeasuredRtt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeasuredRtt {
+    pub to_node: u64,
+    pub rtt_ms: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_request_kinds_decode_instead_of_failing() {
+        let f: PeerFrame =
+            serde_json::from_str(r#"{"type":"request","id":7,"body":{"type":"raft_vote"}}"#)
+                .unwrap();
+        assert_eq!(f, PeerFrame::Request { id: 7, body: PeerRequest::Unknown });
+    }
+}
