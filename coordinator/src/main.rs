@@ -1,1 +1,65 @@
-fn main() {}
+//! `pgmr`: the pg_multiregion node sidecar.
+//!
+//! One pgmr runs beside each PostgreSQL server. It supervises that server, carries every
+//! message between nodes (which is where authentication, simulated WAN latency and, later,
+//! fault injection live), and answers the extension's questions over a local Unix socket.
+//! See docs/ARCHITECTURE.md for the whole design.
+
+mod cli;
+mod demo;
+mod identity;
+mod local;
+mod membership;
+mod net;
+mod node;
+mod postgres;
+mod status;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    init_tracing(cli.log_level());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            cli::Command::Start(args) => node::run(args).await,
+            cli::Command::Demo(args) => demo::run(args).await,
+            cli::Command::Status(args) => status::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the reason and its causes, as the issue tracker's users expect.
+            eprintln!("error: {}", chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn chain(e: &anyhow::Error) -> String {
+    let mut s = e.to_string();
+    for cause in e.chain().skip(1) {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+    }
+    s
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PGMR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

@@ -33,6 +33,10 @@ pub struct Hello {
     pub protocol_version: u32,
     /// `None` only for a node that has not joined yet.
     pub cluster_id: Option<String>,
+    /// `None` only for a node that has not joined yet.
+    pub node_id: Option<u64>,
+    /// The sender's locality: the receiver needs its region to delay what it sends back.
+    pub locality: String,
     /// 32 random bytes, hex; the peer's proof must cover it, so proofs cannot be replayed.
     pub nonce: String,
 }

@@ -1,0 +1,20 @@
+# The two entry points of README.md. Both install what is missing, build incrementally, then
+# run their job; running them again on a set-up machine is quick.
+.PHONY: demo test setup build check
+
+demo: build
+	./target/debug/pgmr demo --global --nodes 9
+
+test: build
+	scripts/test.sh
+
+setup:
+	scripts/setup.sh
+
+build: setup
+	scripts/build.sh
+
+# Lints (not part of `make test`; run before pushing).
+check:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings

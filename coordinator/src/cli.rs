@@ -1,0 +1,202 @@
+//! Command-line flags. Parsing validates what it can (localities, addresses, the latency
+//! matrix) so that a bad flag stops pgmr with one line before it touches anything.
+
+use clap::{Args, Parser, Subcommand};
+use mr_topology::{Locality, RttMatrix};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "pgmr", version, about = "pg_multiregion node sidecar")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    /// Default log filter (overridden by `PGMR_LOG`): the demo keeps its terminal clean.
+    pub fn log_level(&self) -> &'static str {
+        match self.command {
+            Command::Demo(_) | Command::Status(_) => "warn",
+            Command::Start(_) => "info",
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start a node: supervise its PostgreSQL and join (or bootstrap) a cluster.
+    Start(StartArgs),
+    /// Start a local multi-node cluster on loopback and open psql on node 1.
+    Demo(DemoArgs),
+    /// Show a running node's view of the cluster.
+    Status(StatusArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StartArgs {
+    /// Locality tiers of this node, e.g. region=us-east1,zone=us-east1-b.
+    #[arg(long, value_parser = parse_locality)]
+    pub locality: Locality,
+    /// Directory for this node's state and its PostgreSQL data.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Address for inter-node RPC, HOST:PORT.
+    #[arg(long, value_parser = parse_host_port)]
+    pub listen: String,
+    /// Address other nodes use to reach this one (defaults to --listen).
+    #[arg(long, value_parser = parse_host_port)]
+    pub advertise: Option<String>,
+    /// RPC addresses of existing nodes, comma-separated. Without it, this node bootstraps a
+    /// new cluster (or, with an existing data dir, rejoins through gossip).
+    #[arg(long, value_delimiter = ',', value_parser = parse_host_port)]
+    pub join: Vec<String>,
+    /// How long to keep trying the --join addresses before giving up.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub join_timeout: std::time::Duration,
+    /// File holding the cluster secret that authenticates inter-node connections. A
+    /// bootstrapping node without it generates one in DATA_DIR/cluster-secret.
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// TCP port of the supervised PostgreSQL.
+    #[arg(long, default_value_t = 5432)]
+    pub pg_port: u16,
+    /// Address PostgreSQL listens on (defaults to the host of --listen).
+    #[arg(long)]
+    pub pg_listen: Option<String>,
+    /// Directory with the PostgreSQL 15 server binaries (defaults to `pg_config --bindir`).
+    #[arg(long)]
+    pub pg_bin: Option<PathBuf>,
+    /// OS user that runs PostgreSQL when pgmr runs as root (PostgreSQL refuses root).
+    #[arg(long, default_value = "postgres")]
+    pub pg_user: String,
+    /// Simulated WAN: `global` (the MovR tutorial's regions) or a matrix file; none by default.
+    #[arg(long, value_parser = parse_latency)]
+    pub latency: Option<LatencySpec>,
+    /// Stop when the parent process exits (used by `pgmr demo` for its children).
+    #[arg(long, hide = true)]
+    pub die_with_parent: bool,
+    /// Skip fsync in initdb and PostgreSQL: for throwaway demo and test clusters only.
+    #[arg(long, hide = true)]
+    pub ephemeral: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Number of nodes, spread over us-east1, us-west1 and europe-west1.
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub nodes: u16,
+    /// Simulate the MovR tutorial's inter-region latencies (2022 paper, Table 1).
+    #[arg(long, conflicts_with = "latency_matrix")]
+    pub global: bool,
+    /// Simulate the latencies in this matrix file instead.
+    #[arg(long, value_parser = parse_latency_file)]
+    pub latency_matrix: Option<LatencySpec>,
+    /// Do not open psql; run until Ctrl-C or SIGTERM.
+    #[arg(long)]
+    pub no_shell: bool,
+    /// Keep the demo's data directory on exit.
+    #[arg(long)]
+    pub keep: bool,
+    /// First PostgreSQL port; node N uses this + N - 1.
+    #[arg(long, default_value_t = 15432)]
+    pub pg_port_base: u16,
+    /// First RPC port; node N uses this + N - 1.
+    #[arg(long, default_value_t = 36257)]
+    pub rpc_port_base: u16,
+    /// OS user that runs PostgreSQL when pgmr runs as root.
+    #[arg(long, default_value = "postgres")]
+    pub pg_user: String,
+    /// Directory with the PostgreSQL 15 server binaries.
+    #[arg(long)]
+    pub pg_bin: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StatusArgs {
+    /// The node's data directory (its socket is DATA_DIR/run/pgmr.sock).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the simulated latencies come from; kept as text so children can be given the same.
+#[derive(Debug, Clone)]
+pub struct LatencySpec {
+    pub arg: String,
+    pub matrix: RttMatrix,
+}
+
+fn parse_locality(s: &str) -> Result<Locality, String> {
+    Locality::parse(s).map_err(|e| format!("{e} ({})", e.hint()))
+}
+
+fn parse_host_port(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not HOST:PORT"))?;
+    if host.is_empty() {
+        return Err(format!("{s:?} has no host"));
+    }
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{s:?} has no valid port (1-65535)"))?;
+    Ok(s.to_string())
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("{s:?} is not a duration like 500ms, 20s or 2m");
+    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).ok_or_else(bad)?;
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(std::time::Duration::from_millis(n)),
+        "s" => Ok(std::time::Duration::from_secs(n)),
+        "m" => Ok(std::time::Duration::from_secs(n * 60)),
+        _ => Err(bad()),
+    }
+}
+
+fn parse_latency(s: &str) -> Result<LatencySpec, String> {
+    if s == "global" {
+        return Ok(LatencySpec { arg: s.to_string(), matrix: RttMatrix::global() });
+    }
+    parse_latency_file(s)
+}
+
+fn parse_latency_file(s: &str) -> Result<LatencySpec, String> {
+    let text = std::fs::read_to_string(s).map_err(|e| format!("cannot read {s:?}: {e}"))?;
+    let matrix = RttMatrix::parse(&text).map_err(|e| format!("{s}: {e}"))?;
+    let arg = std::fs::canonicalize(s).map_err(|e| format!("{s}: {e}"))?;
+    Ok(LatencySpec { arg: arg.display().to_string(), matrix })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_requires_both_parts() {
+        assert!(parse_host_port("127.0.0.1:26257").is_ok());
+        assert!(parse_host_port("node1:1").is_ok());
+        assert!(parse_host_port("127.0.0.1").is_err());
+        assert!(parse_host_port(":80").is_err());
+        assert!(parse_host_port("h:0").is_err());
+        assert!(parse_host_port("h:70000").is_err());
+    }
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("500ms"), Ok(std::time::Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(std::time::Duration::from_secs(120)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

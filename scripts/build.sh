@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds pgmr and installs the extension into the system PostgreSQL 15. Incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+sudo_flag=()
+[ "$(id -u)" -eq 0 ] || sudo_flag=(--sudo)
+
+echo "==> building pgmr" >&2
+cargo build --quiet -p pgmr
+echo "==> building and installing the pg_multiregion extension" >&2
+(cd extension && cargo pgrx install --pg-config "$PG_CONFIG" "${sudo_flag[@]}" >/dev/null)

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every test: unit tests of the pure crates and pgmr, cluster tests (real pgmr processes and
+# PostgreSQL servers), and the pg_regress suite. Expects scripts/setup.sh and scripts/build.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "==> unit and cluster tests" >&2
+cargo test --quiet --workspace
+
+echo "==> pg_regress" >&2
+scripts/regress.sh
