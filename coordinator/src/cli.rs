@@ -17,7 +17,8 @@ impl Cli {
     pub fn log_level(&self) -> &'static str {
         match self.command {
             Command::Demo(_) | Command::Status(_) => "warn",
-            Command::Start(_) => "info",
+            // sqlx logs server notices at info; they are PostgreSQL's to log, not ours.
+            Command::Start(_) => "info,sqlx=warn",
         }
     }
 }
@@ -148,7 +149,10 @@ fn parse_host_port(s: &str) -> Result<String, String> {
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let bad = || format!("{s:?} is not a duration like 500ms, 20s or 2m");
-    let (num, unit) = s.find(|c: char| !c.is_ascii_digit()).map(|i| s.split_at(i)).ok_or_else(bad)?;
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map(|i| s.split_at(i))
+        .ok_or_else(bad)?;
     let n: u64 = num.parse().map_err(|_| bad())?;
     match unit {
         "ms" => Ok(std::time::Duration::from_millis(n)),
@@ -160,7 +164,10 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 fn parse_latency(s: &str) -> Result<LatencySpec, String> {
     if s == "global" {
-        return Ok(LatencySpec { arg: s.to_string(), matrix: RttMatrix::global() });
+        return Ok(LatencySpec {
+            arg: s.to_string(),
+            matrix: RttMatrix::global(),
+        });
     }
     parse_latency_file(s)
 }
@@ -169,7 +176,10 @@ fn parse_latency_file(s: &str) -> Result<LatencySpec, String> {
     let text = std::fs::read_to_string(s).map_err(|e| format!("cannot read {s:?}: {e}"))?;
     let matrix = RttMatrix::parse(&text).map_err(|e| format!("{s}: {e}"))?;
     let arg = std::fs::canonicalize(s).map_err(|e| format!("{s}: {e}"))?;
-    Ok(LatencySpec { arg: arg.display().to_string(), matrix })
+    Ok(LatencySpec {
+        arg: arg.display().to_string(),
+        matrix,
+    })
 }
 
 #[cfg(test)]
@@ -188,8 +198,14 @@ mod tests {
 
     #[test]
     fn durations_need_a_unit() {
-        assert_eq!(parse_duration("500ms"), Ok(std::time::Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(std::time::Duration::from_secs(120)));
+        assert_eq!(
+            parse_duration("500ms"),
+            Ok(std::time::Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_duration("2m"),
+            Ok(std::time::Duration::from_secs(120))
+        );
         assert!(parse_duration("5").is_err());
         assert!(parse_duration("5h").is_err());
     }

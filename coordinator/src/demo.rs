@@ -45,14 +45,20 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let n = args.nodes as usize;
     let layout = demo_layout(n);
     for i in 0..n {
-        for port in [args.pg_port_base as usize + i, args.rpc_port_base as usize + i] {
+        for port in [
+            args.pg_port_base as usize + i,
+            args.rpc_port_base as usize + i,
+        ] {
             let port = u16::try_from(port).context("port out of range")?;
             std::net::TcpListener::bind(("127.0.0.1", port)).with_context(|| {
                 format!("port {port} is in use (choose others with --pg-port-base/--rpc-port-base)")
             })?;
         }
     }
-    let base = tempfile::Builder::new().prefix("pgmr-demo-").tempdir().context("cannot create a temporary directory")?;
+    let base = tempfile::Builder::new()
+        .prefix("pgmr-demo-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
     fs::set_permissions(base.path(), fs::Permissions::from_mode(0o711))?;
     let secret = base.path().join("cluster-secret");
     fs::write(&secret, random_hex(32)?)?;
@@ -75,12 +81,18 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             let log = fs::File::create(data_dir.join("pgmr.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("start")
-                .arg("--locality").arg(d.locality.to_string())
-                .arg("--data-dir").arg(&data_dir)
-                .arg("--listen").arg(&rpc_addr)
-                .arg("--secret-file").arg(&secret)
-                .arg("--pg-port").arg(pg_port.to_string())
-                .arg("--pg-user").arg(&args.pg_user)
+                .arg("--locality")
+                .arg(d.locality.to_string())
+                .arg("--data-dir")
+                .arg(&data_dir)
+                .arg("--listen")
+                .arg(&rpc_addr)
+                .arg("--secret-file")
+                .arg(&secret)
+                .arg("--pg-port")
+                .arg(pg_port.to_string())
+                .arg("--pg-user")
+                .arg(&args.pg_user)
                 .args(["--die-with-parent", "--ephemeral"]);
             if let Some(bin) = &args.pg_bin {
                 cmd.arg("--pg-bin").arg(bin);
@@ -91,7 +103,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             if let Some(first) = nodes.first() {
                 cmd.arg("--join").arg(&first.rpc_addr);
             }
-            cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0);
+            cmd.stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .process_group(0);
             let child = cmd.spawn().context("cannot start a pgmr node")?;
             eprintln!("starting node {} ({})", d.index, d.locality);
             nodes.push(DemoNode {
@@ -111,7 +126,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         wait_until(&mut nodes, START_TIMEOUT, |n, s| {
             s.is_some_and(|s| {
                 s.node.postmaster_pid.is_some()
-                    && s.peers.iter().filter(|p| p.live && p.rtt_ms.is_some()).count() + 1 >= n
+                    && s.peers
+                        .iter()
+                        .filter(|p| p.live && p.rtt_ms.is_some())
+                        .count()
+                        + 1
+                        >= n
             })
         })
         .await?;
@@ -178,7 +198,9 @@ async fn wait_until(
                     last_line(&node.data_dir.join("pgmr.log"))
                 );
             }
-            let s = crate::status::fetch(&node.data_dir.join("run").join("pgmr.sock")).await.ok();
+            let s = crate::status::fetch(&node.data_dir.join("run").join("pgmr.sock"))
+                .await
+                .ok();
             if !ready(total, s.as_ref()) {
                 all = false;
             }
@@ -198,7 +220,12 @@ async fn wait_until(
 fn last_line(path: &Path) -> String {
     fs::read_to_string(path)
         .ok()
-        .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+        .and_then(|t| {
+            t.lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .map(str::to_string)
+        })
         .unwrap_or_else(|| format!("see {}", path.display()))
 }
 
@@ -210,7 +237,10 @@ async fn stop_all(nodes: &mut [DemoNode]) {
         }
     }
     for n in nodes.iter_mut() {
-        if tokio::time::timeout(Duration::from_secs(40), n.child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(40), n.child.wait())
+            .await
+            .is_err()
+        {
             let _ = n.child.kill().await;
         }
     }
@@ -223,7 +253,11 @@ fn print_banner(nodes: &[DemoNode], latency: Option<&str>) {
         r
     };
     println!("#");
-    println!("# Welcome to the pg_multiregion demo: {} nodes in {}.", nodes.len(), regions.join(", "));
+    println!(
+        "# Welcome to the pg_multiregion demo: {} nodes in {}.",
+        nodes.len(),
+        regions.join(", ")
+    );
     match latency {
         Some("global") => println!("# Simulated WAN: the MovR tutorial's round-trip times (us-east1/us-west1 63 ms, us-east1/europe-west1 87 ms, us-west1/europe-west1 132 ms)."),
         Some(file) => println!("# Simulated WAN: {file}."),

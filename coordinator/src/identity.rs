@@ -45,9 +45,7 @@ impl DataDir {
         // Others (the PostgreSQL OS user) must traverse into pg/ and run/, but not list.
         fs::set_permissions(&root, fs::Permissions::from_mode(0o711))
             .with_context(|| format!("cannot set permissions on {}", root.display()))?;
-        for sub in ["run"] {
-            fs::create_dir_all(root.join(sub))?;
-        }
+        fs::create_dir_all(root.join("run"))?;
         Ok(DataDir { root })
     }
 
@@ -73,10 +71,11 @@ impl DataDir {
     pub fn load_identity(&self) -> Result<Option<Identity>> {
         let path = self.identity_path();
         match fs::read(&path) {
-            Ok(bytes) => Ok(Some(
-                serde_json::from_slice(&bytes)
-                    .with_context(|| format!("{} is corrupt", path.display()))?,
-            )),
+            Ok(bytes) => {
+                Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                    format!("{} is corrupt", path.display())
+                })?))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
@@ -123,10 +122,14 @@ impl DataDir {
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>> {
-    let raw = fs::read(path).with_context(|| format!("cannot read secret file {}", path.display()))?;
+    let raw =
+        fs::read(path).with_context(|| format!("cannot read secret file {}", path.display()))?;
     let s = String::from_utf8_lossy(&raw).trim().as_bytes().to_vec();
     if s.len() < 16 {
-        bail!("secret file {} must hold at least 16 characters", path.display());
+        bail!(
+            "secret file {} must hold at least 16 characters",
+            path.display()
+        );
     }
     Ok(s)
 }
@@ -162,12 +165,23 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dd = DataDir::prepare(&tmp.path().join("n1")).unwrap();
         assert_eq!(dd.load_identity().unwrap(), None);
-        let id = Identity { cluster_id: "c".into(), node_id: 1, next_node_id: Some(2) };
+        let id = Identity {
+            cluster_id: "c".into(),
+            node_id: 1,
+            next_node_id: Some(2),
+        };
         dd.save_identity(&id).unwrap();
         assert_eq!(dd.load_identity().unwrap(), Some(id));
-        assert!(dd.secret(None, false).is_err(), "a joiner without a secret is refused");
+        assert!(
+            dd.secret(None, false).is_err(),
+            "a joiner without a secret is refused"
+        );
         let s = dd.secret(None, true).unwrap();
-        assert_eq!(dd.secret(None, false).unwrap(), s, "the generated secret is reused");
+        assert_eq!(
+            dd.secret(None, false).unwrap(),
+            s,
+            "the generated secret is reused"
+        );
         let mode = fs::metadata(dd.secret_path()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }

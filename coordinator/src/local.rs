@@ -32,7 +32,9 @@ pub fn bind(path: &Path, pg_uid: Option<Uid>) -> Result<UnixListener> {
 }
 
 pub async fn serve(listener: UnixListener, node: Arc<Node>, pg_uid: Option<Uid>) {
-    let allowed = move |uid: u32| uid == 0 || uid == Uid::effective().as_raw() || Some(uid) == pg_uid.map(|u| u.as_raw());
+    let allowed = move |uid: u32| {
+        uid == 0 || uid == Uid::effective().as_raw() || Some(uid) == pg_uid.map(|u| u.as_raw())
+    };
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -45,7 +47,10 @@ pub async fn serve(listener: UnixListener, node: Arc<Node>, pg_uid: Option<Uid>)
         match stream.peer_cred() {
             Ok(cred) if allowed(cred.uid()) => {}
             Ok(cred) => {
-                tracing::warn!(uid = cred.uid(), "refused a local connection from another user");
+                tracing::warn!(
+                    uid = cred.uid(),
+                    "refused a local connection from another user"
+                );
                 continue;
             }
             Err(e) => {
@@ -63,7 +68,9 @@ pub async fn serve(listener: UnixListener, node: Arc<Node>, pg_uid: Option<Uid>)
 }
 
 async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
-    let codec = LengthDelimitedCodec::builder().max_frame_length(mr_wire::MAX_FRAME_LEN).new_codec();
+    let codec = LengthDelimitedCodec::builder()
+        .max_frame_length(mr_wire::MAX_FRAME_LEN)
+        .new_codec();
     let mut wire = Framed::new(stream, codec);
     let frame = tokio::time::timeout(Duration::from_secs(5), wire.next())
         .await
@@ -71,8 +78,11 @@ async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
         .context("closed before sending a request")??;
     let response = match serde_json::from_slice::<LocalRequest>(&frame) {
         Ok(req) => node.local_request(req),
-        Err(e) => LocalResponse::Error { message: format!("malformed request: {e}") },
+        Err(e) => LocalResponse::Error {
+            message: format!("malformed request: {e}"),
+        },
     };
-    wire.send(Bytes::from(serde_json::to_vec(&response)?)).await?;
+    wire.send(Bytes::from(serde_json::to_vec(&response)?))
+        .await?;
     Ok(())
 }

@@ -43,7 +43,8 @@ impl Peer {
     }
 
     fn live(&self, now: Instant) -> bool {
-        self.last_heard.is_some_and(|t| now.duration_since(t) < LIVE_WINDOW)
+        self.last_heard
+            .is_some_and(|t| now.duration_since(t) < LIVE_WINDOW)
     }
 
     /// Not yet given up on: heard recently, or learned recently and not yet probed long enough.
@@ -77,7 +78,12 @@ struct State {
 
 impl Membership {
     pub fn new(me: NodeDescriptor) -> Membership {
-        Membership { state: Mutex::new(State { me, peers: BTreeMap::new() }) }
+        Membership {
+            state: Mutex::new(State {
+                me,
+                peers: BTreeMap::new(),
+            }),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -93,13 +99,27 @@ impl Membership {
         let s = self.lock();
         let now = Instant::now();
         let mut members = vec![s.me.clone()];
-        members.extend(s.peers.values().filter(|p| p.member(now)).map(|p| p.desc.clone()));
+        members.extend(
+            s.peers
+                .values()
+                .filter(|p| p.member(now))
+                .map(|p| p.desc.clone()),
+        );
         let rtts = s
             .peers
             .values()
-            .filter_map(|p| p.rtt().map(|rtt_ms| MeasuredRtt { to_node: p.desc.node_id, rtt_ms }))
+            .filter_map(|p| {
+                p.rtt().map(|rtt_ms| MeasuredRtt {
+                    to_node: p.desc.node_id,
+                    rtt_ms,
+                })
+            })
             .collect();
-        Gossip { from: s.me.clone(), members, rtts }
+        Gossip {
+            from: s.me.clone(),
+            members,
+            rtts,
+        }
     }
 
     /// Adds nodes learned from a join response or second-hand gossip.
@@ -109,7 +129,9 @@ impl Membership {
         let me = s.me.node_id;
         for d in members {
             if d.node_id != me && Locality::parse(&d.locality).is_ok() {
-                s.peers.entry(d.node_id).or_insert_with(|| Peer::new(d.clone(), now));
+                s.peers
+                    .entry(d.node_id)
+                    .or_insert_with(|| Peer::new(d.clone(), now));
             }
         }
     }
@@ -151,7 +173,10 @@ impl Membership {
     /// to come back.
     pub fn probe_targets(&self) -> Vec<(u64, String)> {
         let s = self.lock();
-        s.peers.values().map(|p| (p.desc.node_id, p.desc.rpc_addr.clone())).collect()
+        s.peers
+            .values()
+            .map(|p| (p.desc.node_id, p.desc.rpc_addr.clone()))
+            .collect()
     }
 
     /// The id of a peer at `addr` that has never been heard from (a join whose answer was lost).
@@ -181,7 +206,12 @@ impl Membership {
         let s = self.lock();
         let now = Instant::now();
         let mut v = vec![s.me.clone()];
-        v.extend(s.peers.values().filter(|p| p.member(now)).map(|p| p.desc.clone()));
+        v.extend(
+            s.peers
+                .values()
+                .filter(|p| p.member(now))
+                .map(|p| p.desc.clone()),
+        );
         v.sort_by_key(|d| d.node_id);
         v
     }
@@ -198,7 +228,10 @@ impl Membership {
             }
         }
         map.into_iter()
-            .map(|(region, zones)| RegionZones { region, zones: zones.into_iter().collect() })
+            .map(|(region, zones)| RegionZones {
+                region,
+                zones: zones.into_iter().collect(),
+            })
             .collect()
     }
 
@@ -215,14 +248,30 @@ impl Membership {
         }
         let mut views: Vec<View<'_>> = Vec::new();
         if let Ok(loc) = Locality::parse(&s.me.locality) {
-            let rtts = s.peers.values().filter_map(|p| p.rtt().map(|r| (p.desc.node_id, r))).collect();
-            views.push(View { desc: &s.me, loc, rtts, age_ms: 0 });
+            let rtts = s
+                .peers
+                .values()
+                .filter_map(|p| p.rtt().map(|r| (p.desc.node_id, r)))
+                .collect();
+            views.push(View {
+                desc: &s.me,
+                loc,
+                rtts,
+                age_ms: 0,
+            });
         }
         for p in s.peers.values().filter(|p| p.member(now)) {
             if let Ok(loc) = Locality::parse(&p.desc.locality) {
                 let rtts = p.reported.iter().map(|m| (m.to_node, m.rtt_ms)).collect();
-                let age_ms = p.reported_at.map_or(u64::MAX, |t| now.duration_since(t).as_millis() as u64);
-                views.push(View { desc: &p.desc, loc, rtts, age_ms });
+                let age_ms = p
+                    .reported_at
+                    .map_or(u64::MAX, |t| now.duration_since(t).as_millis() as u64);
+                views.push(View {
+                    desc: &p.desc,
+                    loc,
+                    rtts,
+                    age_ms,
+                });
             }
         }
         views.sort_by_key(|v| v.desc.node_id);
@@ -258,7 +307,9 @@ impl Membership {
                 rpc_addr: p.desc.rpc_addr.clone(),
                 sql_addr: p.desc.sql_addr.clone(),
                 live: p.live(now),
-                last_heard_ms_ago: p.last_heard.map(|t| now.duration_since(t).as_millis() as u64),
+                last_heard_ms_ago: p
+                    .last_heard
+                    .map(|t| now.duration_since(t).as_millis() as u64),
                 rtt_ms: p.rtt(),
             })
             .collect()

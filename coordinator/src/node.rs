@@ -30,14 +30,19 @@ pub struct Node {
 }
 
 pub async fn run(args: StartArgs) -> Result<()> {
+    // Everything that can fail without side effects comes first, so a bad flag or a busy
+    // port leaves the data dir as it was.
     let data = DataDir::prepare(&args.data_dir)?;
     let stored = data.load_identity()?;
     let bootstrapping = stored.is_none() && args.join.is_empty();
-    let secret = data.secret(args.secret_file.as_deref(), bootstrapping)?;
     let run_as = postgres::resolve_user(&args.pg_user)?;
     let listen_host = match &args.pg_listen {
         Some(h) => h.clone(),
-        None => args.listen.rsplit_once(':').map(|(h, _)| h.to_string()).unwrap_or_default(),
+        None => args
+            .listen
+            .rsplit_once(':')
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_default(),
     };
     let pg_cfg = PgConfig {
         bin: postgres::resolve_bin(args.pg_bin.as_deref())?,
@@ -53,8 +58,13 @@ pub async fn run(args: StartArgs) -> Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     pg_cfg.stop_orphan().await?;
     pg_cfg.check_port()?;
+    let secret = data.secret(args.secret_file.as_deref(), bootstrapping)?;
 
-    let matrix = args.latency.as_ref().map(|l| l.matrix.clone()).unwrap_or_else(RttMatrix::zero);
+    let matrix = args
+        .latency
+        .as_ref()
+        .map(|l| l.matrix.clone())
+        .unwrap_or_else(RttMatrix::zero);
     let transport = Transport::new(
         secret,
         SelfView {
@@ -64,13 +74,20 @@ pub async fn run(args: StartArgs) -> Result<()> {
         },
         matrix,
     );
-    let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.clone());
+    let advertise = args
+        .advertise
+        .clone()
+        .unwrap_or_else(|| args.listen.clone());
     let sql_addr = format!("{listen_host}:{}", args.pg_port);
 
     let (identity, members) = match stored {
         Some(id) => (id, Vec::new()),
         None if bootstrapping => {
-            let id = Identity { cluster_id: random_hex(16)?, node_id: 1, next_node_id: Some(2) };
+            let id = Identity {
+                cluster_id: random_hex(16)?,
+                node_id: 1,
+                next_node_id: Some(2),
+            };
             data.save_identity(&id)?;
             tracing::info!(cluster_id = %id.cluster_id, "bootstrapped a new cluster as node 1");
             (id, Vec::new())
@@ -105,7 +122,11 @@ pub async fn run(args: StartArgs) -> Result<()> {
 
     let stop = CancellationToken::new();
     let local = crate::local::bind(&data.socket(), run_as.map(|(u, _)| u))?;
-    tokio::spawn(crate::local::serve(local, node.clone(), run_as.map(|(u, _)| u)));
+    tokio::spawn(crate::local::serve(
+        local,
+        node.clone(),
+        run_as.map(|(u, _)| u),
+    ));
     tokio::spawn(transport.clone().serve(listener));
     tokio::spawn(heartbeats(node.clone(), args.join.clone(), stop.clone()));
 
@@ -145,15 +166,26 @@ async fn join(
         let mut hops = 0;
         while let Some(addr) = queue.pop_front() {
             match transport.call(&addr, req.clone(), JOIN_CALL_TIMEOUT).await {
-                Ok(PeerResponse::Joined { node_id, cluster_id, members }) => {
-                    let id = Identity { cluster_id, node_id, next_node_id: None };
+                Ok(PeerResponse::Joined {
+                    node_id,
+                    cluster_id,
+                    members,
+                }) => {
+                    let id = Identity {
+                        cluster_id,
+                        node_id,
+                        next_node_id: None,
+                    };
                     return Ok((id, members));
                 }
                 Ok(PeerResponse::Redirect { rpc_addr }) if hops < 3 => {
                     hops += 1;
                     queue.push_front(rpc_addr);
                 }
-                Ok(PeerResponse::Error { message, retryable: false }) => {
+                Ok(PeerResponse::Error {
+                    message,
+                    retryable: false,
+                }) => {
                     bail!("{addr} refused to let this node join: {message}")
                 }
                 Err(e @ RpcError::Handshake { .. }) => bail!("cannot join: {e}"),
@@ -182,11 +214,24 @@ async fn heartbeats(node: Arc<Node>, seeds: Vec<String>, stop: CancellationToken
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        let mut targets: Vec<String> =
-            node.membership.probe_targets().into_iter().map(|(_, addr)| addr).collect();
-        targets.extend(seeds.iter().filter(|a| !node.membership.knows_addr(a)).cloned());
+        let mut targets: Vec<String> = node
+            .membership
+            .probe_targets()
+            .into_iter()
+            .map(|(_, addr)| addr)
+            .collect();
+        targets.extend(
+            seeds
+                .iter()
+                .filter(|a| !node.membership.knows_addr(a))
+                .cloned(),
+        );
         for addr in targets {
-            if !in_flight.lock().expect("in-flight lock").insert(addr.clone()) {
+            if !in_flight
+                .lock()
+                .expect("in-flight lock")
+                .insert(addr.clone())
+            {
                 continue;
             }
             let (node, in_flight) = (node.clone(), in_flight.clone());
@@ -258,12 +303,12 @@ impl Node {
     pub fn local_request(&self, req: LocalRequest) -> LocalResponse {
         match req {
             LocalRequest::NodeInfo => LocalResponse::NodeInfo(self.info()),
-            LocalRequest::NetworkLatency => {
-                LocalResponse::NetworkLatency { rows: self.membership.rtt_rows() }
-            }
-            LocalRequest::ClusterRegions => {
-                LocalResponse::ClusterRegions { regions: self.membership.regions() }
-            }
+            LocalRequest::NetworkLatency => LocalResponse::NetworkLatency {
+                rows: self.membership.rtt_rows(),
+            },
+            LocalRequest::ClusterRegions => LocalResponse::ClusterRegions {
+                regions: self.membership.regions(),
+            },
             LocalRequest::Status => LocalResponse::Status(Status {
                 node: self.info(),
                 peers: self.membership.peer_status(),
@@ -276,7 +321,10 @@ impl Node {
     /// gets the id it was given before, so a lost answer does not burn ids.
     fn allocate(&self, rpc_addr: &str, sql_addr: &str, locality: &str) -> PeerResponse {
         if let Err(e) = Locality::parse(locality) {
-            return PeerResponse::Error { message: format!("bad locality: {e}"), retryable: false };
+            return PeerResponse::Error {
+                message: format!("bad locality: {e}"),
+                retryable: false,
+            };
         }
         let mut id = self.identity.lock().expect("identity lock");
         let Some(next) = id.next_node_id else {
@@ -294,7 +342,10 @@ impl Node {
                 let mut updated = id.clone();
                 updated.next_node_id = Some(next + 1);
                 if let Err(e) = self.data.save_identity(&updated) {
-                    return PeerResponse::Error { message: format!("{e:#}"), retryable: true };
+                    return PeerResponse::Error {
+                        message: format!("{e:#}"),
+                        retryable: true,
+                    };
                 }
                 *id = updated;
                 next
@@ -323,14 +374,16 @@ impl Handler for Node {
                 self.membership.heard_from(&g);
                 PeerResponse::HeartbeatAck(self.membership.gossip())
             }
-            PeerRequest::Join { rpc_addr, sql_addr, locality } => {
-                self.allocate(&rpc_addr, &sql_addr, &locality)
-            }
+            PeerRequest::Join {
+                rpc_addr,
+                sql_addr,
+                locality,
+            } => self.allocate(&rpc_addr, &sql_addr, &locality),
             PeerRequest::Unknown => {
                 tracing::warn!(node = ?peer.node_id, locality = %peer.locality, "a peer sent a request this version does not know");
                 PeerResponse::Error {
-                message: format!("pgmr {} does not serve this request", mr_wire::PGMR_VERSION),
-                retryable: false,
+                    message: format!("pgmr {} does not serve this request", mr_wire::PGMR_VERSION),
+                    retryable: false,
                 }
             }
         };

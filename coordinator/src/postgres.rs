@@ -63,7 +63,11 @@ pub fn resolve_bin(flag: Option<&Path>) -> Result<PathBuf> {
         .with_context(|| format!("cannot run {} (set --pg-bin)", postgres.display()))?;
     let version = String::from_utf8_lossy(&out.stdout);
     if !version.contains(" 15.") {
-        bail!("{} is not PostgreSQL 15 ({})", postgres.display(), version.trim());
+        bail!(
+            "{} is not PostgreSQL 15 ({})",
+            postgres.display(),
+            version.trim()
+        );
     }
     Ok(bin)
 }
@@ -93,8 +97,9 @@ impl PgConfig {
 
     fn chown(&self, path: &Path) -> Result<()> {
         if let Some((uid, gid)) = self.run_as {
-            std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw()))
-                .with_context(|| format!("cannot hand {} to the PostgreSQL user", path.display()))?;
+            std::os::unix::fs::chown(path, Some(uid.as_raw()), Some(gid.as_raw())).with_context(
+                || format!("cannot hand {} to the PostgreSQL user", path.display()),
+            )?;
         }
         Ok(())
     }
@@ -104,7 +109,13 @@ impl PgConfig {
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid.as_raw()).gid(gid.as_raw());
         }
-        cmd.process_group(0).stdin(Stdio::null()).kill_on_drop(false);
+        // A Rust backtrace setting would make the extension attach backtraces to the errors
+        // clients see; the server's environment is ours to choose.
+        cmd.env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE");
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .kill_on_drop(false);
         cmd
     }
 
@@ -119,7 +130,9 @@ impl PgConfig {
         fs::set_permissions(&pgdata, fs::Permissions::from_mode(0o700))?;
         self.chown(&pgdata)?;
         let mut cmd = self.command("initdb");
-        cmd.arg("-D").arg(&pgdata).args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8"]);
+        cmd.arg("-D")
+            .arg(&pgdata)
+            .args(["-U", SUPERUSER, "-A", "trust", "-E", "UTF8"]);
         cmd.args(["--locale=C.UTF-8"]);
         if self.ephemeral {
             cmd.arg("--no-sync");
@@ -127,7 +140,10 @@ impl PgConfig {
         let out = cmd.output().await.context("cannot run initdb")?;
         if !out.status.success() {
             let text = String::from_utf8_lossy(&out.stderr);
-            bail!("initdb failed: {}", text.lines().last().unwrap_or("").trim());
+            bail!(
+                "initdb failed: {}",
+                text.lines().last().unwrap_or("").trim()
+            );
         }
         self.write_config()
     }
@@ -136,19 +152,30 @@ impl PgConfig {
     /// so the user's own settings there stay theirs.
     fn write_config(&self) -> Result<()> {
         let pgdata = self.pgdata();
-        let mut conf = String::from("# Written by pgmr at every start; edit postgresql.conf instead.\n");
+        let mut conf =
+            String::from("# Written by pgmr at every start; edit postgresql.conf instead.\n");
         let mut set = |k: &str, v: String| conf.push_str(&format!("{k} = {v}\n"));
         set("listen_addresses", conf_quote(&self.listen_host));
         set("port", self.port.to_string());
-        set("unix_socket_directories", conf_quote(&self.data.run_dir().display().to_string()));
+        set(
+            "unix_socket_directories",
+            conf_quote(&self.data.run_dir().display().to_string()),
+        );
         set("shared_preload_libraries", conf_quote("pg_multiregion"));
-        set("multiregion.locality", conf_quote(&self.locality.to_string()));
-        set("multiregion.sidecar_socket", conf_quote(&self.data.socket().display().to_string()));
+        set(
+            "multiregion.locality",
+            conf_quote(&self.locality.to_string()),
+        );
+        set(
+            "multiregion.sidecar_socket",
+            conf_quote(&self.data.socket().display().to_string()),
+        );
         set("search_path", conf_quote("\"$user\", public, multiregion"));
         set("max_prepared_transactions", "64".into());
         if self.ephemeral {
+            // Only an operating-system crash can lose data with these off; a killed postgres
+            // still recovers every acknowledged commit (synchronous_commit stays on).
             set("fsync", "off".into());
-            set("synchronous_commit", "off".into());
             set("full_page_writes", "off".into());
             set("shared_buffers", conf_quote("64MB"));
         }
@@ -156,10 +183,14 @@ impl PgConfig {
         fs::write(&path, conf).with_context(|| format!("cannot write {}", path.display()))?;
         self.chown(&path)?;
         let main = pgdata.join("postgresql.conf");
-        let text = fs::read_to_string(&main).with_context(|| format!("cannot read {}", main.display()))?;
+        let text =
+            fs::read_to_string(&main).with_context(|| format!("cannot read {}", main.display()))?;
         let include = "include_if_exists = 'pgmr.conf'";
         if !text.lines().any(|l| l.trim() == include) {
-            fs::write(&main, format!("{text}\n# Settings pgmr manages.\n{include}\n"))?;
+            fs::write(
+                &main,
+                format!("{text}\n# Settings pgmr manages.\n{include}\n"),
+            )?;
         }
         Ok(())
     }
@@ -167,7 +198,9 @@ impl PgConfig {
     /// Stops a postmaster left running by a pgmr that was killed: it holds the port and
     /// PGDATA's lock, and nobody else will ever stop it.
     pub async fn stop_orphan(&self) -> Result<()> {
-        let Some(pid) = self.recorded_pid() else { return Ok(()) };
+        let Some(pid) = self.recorded_pid() else {
+            return Ok(());
+        };
         let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         if comm.trim() != "postgres" || kill(Pid::from_raw(pid), None).is_err() {
             return Ok(());
@@ -206,7 +239,10 @@ impl PgConfig {
             .open(self.data.pg_log())
             .with_context(|| format!("cannot open {}", self.data.pg_log().display()))?;
         let mut cmd = self.command("postgres");
-        cmd.arg("-D").arg(self.pgdata()).stdout(log.try_clone()?).stderr(log);
+        cmd.arg("-D")
+            .arg(self.pgdata())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         cmd.spawn().context("cannot start postgres")
     }
 

@@ -11,7 +11,12 @@ use std::time::Duration;
 pub async fn fetch(socket: &Path) -> Result<Status> {
     let socket: PathBuf = socket.to_path_buf();
     let resp = tokio::task::spawn_blocking(move || {
-        call_local(&socket, &LocalRequest::Status, Duration::from_secs(2), || true)
+        call_local(
+            &socket,
+            &LocalRequest::Status,
+            Duration::from_secs(2),
+            || true,
+        )
     })
     .await??;
     match resp {
@@ -29,7 +34,10 @@ pub async fn run(args: StatusArgs) -> Result<()> {
         return Ok(());
     }
     let n = &s.node;
-    println!("node {} ({}), cluster {}", n.node_id, n.locality, n.cluster_id);
+    println!(
+        "node {} ({}), cluster {}",
+        n.node_id, n.locality, n.cluster_id
+    );
     println!(
         "  pgmr {}  rpc {}  sql {}  up {} s  postgres pid {}  restarts {}",
         n.pgmr_version,
@@ -39,7 +47,10 @@ pub async fn run(args: StatusArgs) -> Result<()> {
         n.postmaster_pid.map_or("-".into(), |p| p.to_string()),
         n.pg_restarts
     );
-    println!("{:>6}  {:<40} {:<22} {:>5} {:>9}", "peer", "locality", "rpc", "live", "rtt_ms");
+    println!(
+        "{:>6}  {:<40} {:<22} {:>5} {:>9}",
+        "peer", "locality", "rpc", "live", "rtt_ms"
+    );
     for p in &s.peers {
         println!(
             "{:>6}  {:<40} {:<22} {:>5} {:>9}",

@@ -34,7 +34,9 @@ pub enum RpcError {
 type Wire = Framed<TcpStream, LengthDelimitedCodec>;
 
 fn codec() -> LengthDelimitedCodec {
-    LengthDelimitedCodec::builder().max_frame_length(mr_wire::MAX_FRAME_LEN).new_codec()
+    LengthDelimitedCodec::builder()
+        .max_frame_length(mr_wire::MAX_FRAME_LEN)
+        .new_codec()
 }
 
 fn encode(frame: &PeerFrame) -> Bytes {
@@ -90,7 +92,10 @@ struct Shared {
 impl Shared {
     fn close(&self, reason: String) {
         self.open.store(false, Ordering::SeqCst);
-        self.close_reason.lock().expect("reason lock").get_or_insert(reason);
+        self.close_reason
+            .lock()
+            .expect("reason lock")
+            .get_or_insert(reason);
         // Dropping the senders wakes every waiting caller with `Closed`.
         self.pending.lock().expect("pending lock").clear();
     }
@@ -109,25 +114,43 @@ impl Conn {
     ) -> Result<Conn, RpcError> {
         let _ = stream.set_nodelay(true);
         let mut wire = Framed::new(stream, codec());
-        let refused = |reason: String| RpcError::Handshake { addr: addr.to_string(), reason };
-        write_frame(&mut wire, &PeerFrame::Hello(hello.clone())).await.map_err(refused)?;
+        let refused = |reason: String| RpcError::Handshake {
+            addr: addr.to_string(),
+            reason,
+        };
+        write_frame(&mut wire, &PeerFrame::Hello(hello.clone()))
+            .await
+            .map_err(refused)?;
         let peer = match read_frame(&mut wire).await.map_err(refused)? {
             PeerFrame::Hello(h) => h,
             other => return Err(refused(format!("expected Hello, got {other:?}"))),
         };
         check_hello(&hello, &peer).map_err(refused)?;
-        let proof = auth::prove(secret, Role::Dialer, nonce.as_bytes(), peer.nonce.as_bytes());
-        write_frame(&mut wire, &PeerFrame::Proof { mac: proof }).await.map_err(refused)?;
+        let proof = auth::prove(
+            secret,
+            Role::Dialer,
+            nonce.as_bytes(),
+            peer.nonce.as_bytes(),
+        );
+        write_frame(&mut wire, &PeerFrame::Proof { mac: proof })
+            .await
+            .map_err(refused)?;
         match read_frame(&mut wire).await.map_err(refused)? {
             PeerFrame::Proof { mac } => {
-                if !auth::verify(secret, Role::Acceptor, peer.nonce.as_bytes(), nonce.as_bytes(), &mac)
-                {
+                if !auth::verify(
+                    secret,
+                    Role::Acceptor,
+                    peer.nonce.as_bytes(),
+                    nonce.as_bytes(),
+                    &mac,
+                ) {
                     return Err(refused("the peer does not know the cluster secret".into()));
                 }
             }
-            PeerFrame::Response { body: PeerResponse::Error { message, .. }, .. } => {
-                return Err(refused(message))
-            }
+            PeerFrame::Response {
+                body: PeerResponse::Error { message, .. },
+                ..
+            } => return Err(refused(message)),
             other => return Err(refused(format!("expected Proof, got {other:?}"))),
         }
         Ok(Conn::start(wire, addr.to_string(), &peer, link, handler))
@@ -144,7 +167,10 @@ impl Conn {
         handler: Option<Arc<dyn Handler>>,
     ) -> Result<Conn, String> {
         let _ = stream.set_nodelay(true);
-        let addr = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+        let addr = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
         let mut wire = Framed::new(stream, codec());
         write_frame(&mut wire, &PeerFrame::Hello(hello.clone())).await?;
         let peer = match read_frame(&mut wire).await? {
@@ -155,7 +181,13 @@ impl Conn {
             Err(e) => Err(e),
             Ok(()) => match read_frame(&mut wire).await? {
                 PeerFrame::Proof { mac } => {
-                    if auth::verify(secret, Role::Dialer, peer.nonce.as_bytes(), nonce.as_bytes(), &mac) {
+                    if auth::verify(
+                        secret,
+                        Role::Dialer,
+                        peer.nonce.as_bytes(),
+                        nonce.as_bytes(),
+                        &mac,
+                    ) {
                         Ok(())
                     } else {
                         Err("authentication failed: the cluster secret differs".to_string())
@@ -167,12 +199,20 @@ impl Conn {
         if let Err(reason) = verdict {
             let refusal = PeerFrame::Response {
                 id: 0,
-                body: PeerResponse::Error { message: reason.clone(), retryable: false },
+                body: PeerResponse::Error {
+                    message: reason.clone(),
+                    retryable: false,
+                },
             };
             let _ = write_frame(&mut wire, &refusal).await;
             return Err(reason);
         }
-        let proof = auth::prove(secret, Role::Acceptor, nonce.as_bytes(), peer.nonce.as_bytes());
+        let proof = auth::prove(
+            secret,
+            Role::Acceptor,
+            nonce.as_bytes(),
+            peer.nonce.as_bytes(),
+        );
         write_frame(&mut wire, &PeerFrame::Proof { mac: proof }).await?;
         Ok(Conn::start(wire, addr, &peer, link, handler))
     }
@@ -186,7 +226,10 @@ impl Conn {
     ) -> Conn {
         let locality = Locality::parse(&peer.locality).expect("checked in check_hello");
         let delay = link.delay_to(locality.region());
-        let info = PeerInfo { node_id: peer.node_id, locality: peer.locality.clone() };
+        let info = PeerInfo {
+            node_id: peer.node_id,
+            locality: peer.locality.clone(),
+        };
         let (sink, mut stream) = wire.split();
         let (out, rx) = mpsc::unbounded_channel::<(Instant, Bytes)>();
         let shared = Arc::new(Shared {
@@ -224,11 +267,18 @@ impl Conn {
                             let _ = out.send((Instant::now() + delay, frame));
                         });
                     }
-                    PeerFrame::Response { id: 0, body: PeerResponse::Error { message, .. } } => {
+                    PeerFrame::Response {
+                        id: 0,
+                        body: PeerResponse::Error { message, .. },
+                    } => {
                         break message;
                     }
                     PeerFrame::Response { id, body } => {
-                        let tx = reader_shared.pending.lock().expect("pending lock").remove(&id);
+                        let tx = reader_shared
+                            .pending
+                            .lock()
+                            .expect("pending lock")
+                            .remove(&id);
                         if let Some(tx) = tx {
                             let _ = tx.send(body);
                         }
@@ -242,7 +292,14 @@ impl Conn {
             reader_shared.close(reason);
         });
 
-        Conn { addr, peer: info, delay, out, shared, next_id: AtomicU64::new(1) }
+        Conn {
+            addr,
+            peer: info,
+            delay,
+            out,
+            shared,
+            next_id: AtomicU64::new(1),
+        }
     }
 
     pub fn peer(&self) -> &PeerInfo {
@@ -261,28 +318,50 @@ impl Conn {
             .expect("reason lock")
             .clone()
             .unwrap_or_else(|| "closed".into());
-        RpcError::Closed { addr: self.addr.clone(), reason }
+        RpcError::Closed {
+            addr: self.addr.clone(),
+            reason,
+        }
     }
 
-    pub async fn call(&self, req: PeerRequest, timeout: Duration) -> Result<PeerResponse, RpcError> {
+    pub async fn call(
+        &self,
+        req: PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerResponse, RpcError> {
         if !self.is_open() {
             return Err(self.closed());
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.shared.pending.lock().expect("pending lock").insert(id, tx);
+        self.shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(id, tx);
         let delay = self.delay();
         let frame = encode(&PeerFrame::Request { id, body: req });
         if self.out.send((Instant::now() + delay, frame)).is_err() {
-            self.shared.pending.lock().expect("pending lock").remove(&id);
+            self.shared
+                .pending
+                .lock()
+                .expect("pending lock")
+                .remove(&id);
             return Err(self.closed());
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(_)) => Err(self.closed()),
             Err(_) => {
-                self.shared.pending.lock().expect("pending lock").remove(&id);
-                Err(RpcError::Timeout { addr: self.addr.clone(), after: timeout })
+                self.shared
+                    .pending
+                    .lock()
+                    .expect("pending lock")
+                    .remove(&id);
+                Err(RpcError::Timeout {
+                    addr: self.addr.clone(),
+                    after: timeout,
+                })
             }
         }
     }

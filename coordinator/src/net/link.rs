@@ -18,7 +18,11 @@ pub struct Link {
 
 impl Link {
     pub fn new(my_region: String, matrix: RttMatrix) -> Link {
-        Link { my_region, matrix: Arc::new(matrix), warned: Arc::default() }
+        Link {
+            my_region,
+            matrix: Arc::new(matrix),
+            warned: Arc::default(),
+        }
     }
 
     /// One-way delay for frames sent to a peer in `peer_region`. A pair the matrix does not
@@ -27,7 +31,12 @@ impl Link {
         match self.matrix.one_way(&self.my_region, peer_region) {
             Some(d) => d,
             None => {
-                if self.warned.lock().expect("warned lock").insert(peer_region.to_string()) {
+                if self
+                    .warned
+                    .lock()
+                    .expect("warned lock")
+                    .insert(peer_region.to_string())
+                {
                     tracing::warn!(
                         from = %self.my_region,
                         to = %peer_region,

@@ -120,9 +120,16 @@ impl Transport {
     async fn accept(&self, stream: TcpStream) -> anyhow::Result<()> {
         let (hello, nonce) = self.hello()?;
         let handler = self.inner.handler.get().cloned();
-        let conn = Conn::accept(stream, &self.inner.secret, hello, nonce, &self.inner.link, handler)
-            .await
-            .map_err(anyhow::Error::msg)?;
+        let conn = Conn::accept(
+            stream,
+            &self.inner.secret,
+            hello,
+            nonce,
+            &self.inner.link,
+            handler,
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
         tracing::debug!(peer = ?conn.peer(), "accepted a peer connection");
         Ok(())
     }
@@ -154,15 +161,31 @@ impl Transport {
                 addr: addr.to_string(),
                 reason: format!("no answer within {} s", DIAL_TIMEOUT.as_secs()),
             })?
-            .map_err(|e| RpcError::Dial { addr: addr.to_string(), reason: e.to_string() })?;
-        let (hello, nonce) = self
-            .hello()
-            .map_err(|e| RpcError::Dial { addr: addr.to_string(), reason: e.to_string() })?;
+            .map_err(|e| RpcError::Dial {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        let (hello, nonce) = self.hello().map_err(|e| RpcError::Dial {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
         let handler = self.inner.handler.get().cloned();
-        let conn = Conn::dial(stream, addr, &self.inner.secret, hello, nonce, &self.inner.link, handler)
-            .await?;
+        let conn = Conn::dial(
+            stream,
+            addr,
+            &self.inner.secret,
+            hello,
+            nonce,
+            &self.inner.link,
+            handler,
+        )
+        .await?;
         let conn = Arc::new(conn);
-        self.inner.conns.lock().expect("conns lock").insert(addr.to_string(), conn.clone());
+        self.inner
+            .conns
+            .lock()
+            .expect("conns lock")
+            .insert(addr.to_string(), conn.clone());
         Ok(conn)
     }
 

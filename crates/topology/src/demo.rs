@@ -43,7 +43,10 @@ mod tests {
     use super::*;
 
     fn names(n: usize) -> Vec<String> {
-        demo_layout(n).iter().map(|d| d.locality.to_string()).collect()
+        demo_layout(n)
+            .iter()
+            .map(|d| d.locality.to_string())
+            .collect()
     }
 
     #[test]

@@ -44,7 +44,10 @@ fn key(a: &str, b: &str) -> (String, String) {
 fn parse_ms(line: usize, s: &str) -> Result<f64, LatencyError> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && (0.0..=60_000.0).contains(&v) => Ok(v),
-        _ => Err(LatencyError::BadRtt { line, value: s.to_string() }),
+        _ => Err(LatencyError::BadRtt {
+            line,
+            value: s.to_string(),
+        }),
     }
 }
 
@@ -57,7 +60,10 @@ impl RttMatrix {
     /// The `global` preset: the MovR tutorial's three regions with the round-trip times of
     /// Table 1 of the CockroachDB multi-region paper (SIGMOD 2022), and ~2 ms inside a region.
     pub fn global() -> RttMatrix {
-        let mut m = RttMatrix { intra_ms: 2.0, ..RttMatrix::default() };
+        let mut m = RttMatrix {
+            intra_ms: 2.0,
+            ..RttMatrix::default()
+        };
         m.set("us-east1", "us-west1", 63.0);
         m.set("us-east1", "europe-west1", 87.0);
         m.set("us-west1", "europe-west1", 132.0);
@@ -96,7 +102,12 @@ impl RttMatrix {
                         });
                     }
                 }
-                _ => return Err(LatencyError::Syntax { line, found: content.to_string() }),
+                _ => {
+                    return Err(LatencyError::Syntax {
+                        line,
+                        found: content.to_string(),
+                    })
+                }
             }
         }
         Ok(m)
@@ -118,7 +129,8 @@ impl RttMatrix {
 
     /// The delay a sender in region `from` applies to each message to region `to`: half the RTT.
     pub fn one_way(&self, from: &str, to: &str) -> Option<Duration> {
-        self.rtt_ms(from, to).map(|ms| Duration::from_secs_f64(ms / 2000.0))
+        self.rtt_ms(from, to)
+            .map(|ms| Duration::from_secs_f64(ms / 2000.0))
     }
 
     /// True if the matrix delays nothing (then pgmr skips the delay queue entirely).
@@ -147,7 +159,10 @@ mod tests {
         assert_eq!(m.rtt_ms("europe-west1", "us-east1"), Some(87.0));
         assert_eq!(m.rtt_ms("us-west1", "europe-west1"), Some(132.0));
         assert_eq!(m.rtt_ms("us-west1", "us-west1"), Some(2.0));
-        assert_eq!(m.one_way("us-east1", "us-west1"), Some(Duration::from_micros(31_500)));
+        assert_eq!(
+            m.one_way("us-east1", "us-west1"),
+            Some(Duration::from_micros(31_500))
+        );
     }
 
     #[test]
@@ -178,20 +193,36 @@ mod tests {
     fn errors_name_the_line() {
         assert_eq!(
             RttMatrix::parse("a b\n"),
-            Err(LatencyError::Syntax { line: 1, found: "a b".into() })
+            Err(LatencyError::Syntax {
+                line: 1,
+                found: "a b".into()
+            })
         );
         assert_eq!(
             RttMatrix::parse("\na b -1"),
-            Err(LatencyError::BadRtt { line: 2, value: "-1".into() })
+            Err(LatencyError::BadRtt {
+                line: 2,
+                value: "-1".into()
+            })
         );
         assert_eq!(
             RttMatrix::parse("a b NaN"),
-            Err(LatencyError::BadRtt { line: 1, value: "NaN".into() })
+            Err(LatencyError::BadRtt {
+                line: 1,
+                value: "NaN".into()
+            })
         );
         assert_eq!(
             RttMatrix::parse("a b 1\nb a 2"),
-            Err(LatencyError::Duplicate { line: 2, a: "b".into(), b: "a".into() })
+            Err(LatencyError::Duplicate {
+                line: 2,
+                a: "b".into(),
+                b: "a".into()
+            })
         );
-        assert!(matches!(RttMatrix::parse("intra 1\nintra 2"), Err(LatencyError::Duplicate { .. })));
+        assert!(matches!(
+            RttMatrix::parse("intra 1\nintra 2"),
+            Err(LatencyError::Duplicate { .. })
+        ));
     }
 }

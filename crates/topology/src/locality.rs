@@ -11,9 +11,11 @@ pub enum LocalityError {
     Empty,
     #[error("locality tier \"{0}\" is not of the form key=value")]
     NotKeyValue(String),
+    #[error("locality has an empty tier (two commas in a row, or a trailing comma)")]
+    EmptyTier,
     #[error("locality tier \"{0}\" has an empty key or value")]
     EmptyPart(String),
-    #[error("locality tier \"{tier}\" contains the character {ch:?}, which is not allowed")]
+    #[error("locality tier \"{tier}\" contains the character \"{ch}\", which is not allowed")]
     BadChar { tier: String, ch: char },
     #[error("locality key \"{0}\" appears more than once")]
     DuplicateKey(String),
@@ -58,6 +60,9 @@ impl Locality {
         let mut tiers: Vec<(String, String)> = Vec::new();
         for raw in s.split(',') {
             let tier = raw.trim();
+            if tier.is_empty() {
+                return Err(LocalityError::EmptyTier);
+            }
             let (k, v) = tier
                 .split_once('=')
                 .ok_or_else(|| LocalityError::NotKeyValue(tier.to_string()))?;
@@ -66,7 +71,10 @@ impl Locality {
                 return Err(LocalityError::EmptyPart(tier.to_string()));
             }
             if let Some(ch) = k.chars().chain(v.chars()).find(|c| !allowed(*c)) {
-                return Err(LocalityError::BadChar { tier: tier.to_string(), ch });
+                return Err(LocalityError::BadChar {
+                    tier: tier.to_string(),
+                    ch,
+                });
             }
             if tiers.iter().any(|(key, _)| key == k) {
                 return Err(LocalityError::DuplicateKey(k.to_string()));
@@ -85,12 +93,16 @@ impl Locality {
     }
 
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.tiers.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.tiers
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The region tier; present by construction.
     pub fn region(&self) -> &str {
-        self.get("region").expect("a Locality always has a region tier")
+        self.get("region")
+            .expect("a Locality always has a region tier")
     }
 
     /// The zone tier, if the node has one.
@@ -150,19 +162,35 @@ mod tests {
     #[test]
     fn rejects_malformed_strings() {
         assert_eq!(Locality::parse("  "), Err(LocalityError::Empty));
-        assert_eq!(Locality::parse("us-east1"), Err(LocalityError::NotKeyValue("us-east1".into())));
-        assert_eq!(Locality::parse("region="), Err(LocalityError::EmptyPart("region=".into())));
-        assert_eq!(Locality::parse("region=a,,zone=b"), Err(LocalityError::NotKeyValue("".into())));
+        assert_eq!(
+            Locality::parse("us-east1"),
+            Err(LocalityError::NotKeyValue("us-east1".into()))
+        );
+        assert_eq!(
+            Locality::parse("region="),
+            Err(LocalityError::EmptyPart("region=".into()))
+        );
+        assert_eq!(
+            Locality::parse("region=a,,zone=b"),
+            Err(LocalityError::EmptyTier)
+        );
+        assert_eq!(Locality::parse("region=a,"), Err(LocalityError::EmptyTier));
         assert_eq!(
             Locality::parse("region=a b"),
-            Err(LocalityError::BadChar { tier: "region=a b".into(), ch: ' ' })
+            Err(LocalityError::BadChar {
+                tier: "region=a b".into(),
+                ch: ' '
+            })
         );
         assert_eq!(
             Locality::parse("region=a,region=b"),
             Err(LocalityError::DuplicateKey("region".into()))
         );
         assert_eq!(Locality::parse("zone=a"), Err(LocalityError::NoRegion));
-        assert!(Locality::parse("region='x'").is_err(), "quotes are not part of a name");
+        assert!(
+            Locality::parse("region='x'").is_err(),
+            "quotes are not part of a name"
+        );
     }
 
     #[test]

@@ -37,7 +37,11 @@ fn mac(secret: &[u8], role: Role, own: &[u8], peer: &[u8]) -> Hmac<Sha256> {
 
 /// The proof this side (`role`) sends.
 pub fn prove(secret: &[u8], role: Role, own_nonce: &[u8], peer_nonce: &[u8]) -> String {
-    to_hex(&mac(secret, role, own_nonce, peer_nonce).finalize().into_bytes())
+    to_hex(
+        &mac(secret, role, own_nonce, peer_nonce)
+            .finalize()
+            .into_bytes(),
+    )
 }
 
 /// Checks the proof sent by the peer, whose role is `peer_role`, in constant time.
@@ -49,7 +53,9 @@ pub fn verify(
     proof_hex: &str,
 ) -> bool {
     match from_hex(proof_hex) {
-        Some(bytes) => mac(secret, peer_role, peer_nonce, own_nonce).verify_slice(&bytes).is_ok(),
+        Some(bytes) => mac(secret, peer_role, peer_nonce, own_nonce)
+            .verify_slice(&bytes)
+            .is_ok(),
         None => false,
     }
 }
@@ -59,10 +65,13 @@ pub fn to_hex(bytes: &[u8]) -> String {
 }
 
 pub fn from_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -75,14 +84,23 @@ mod tests {
         let p = prove(b"s3cret", Role::Dialer, a, b);
         assert!(verify(b"s3cret", Role::Dialer, a, b, &p));
         assert!(!verify(b"other", Role::Dialer, a, b, &p), "wrong secret");
-        assert!(!verify(b"s3cret", Role::Acceptor, a, b, &p), "reflected proof");
-        assert!(!verify(b"s3cret", Role::Dialer, a, b"nonce-c", &p), "replayed proof");
+        assert!(
+            !verify(b"s3cret", Role::Acceptor, a, b, &p),
+            "reflected proof"
+        );
+        assert!(
+            !verify(b"s3cret", Role::Dialer, a, b"nonce-c", &p),
+            "replayed proof"
+        );
         assert!(!verify(b"s3cret", Role::Dialer, a, b, "zz"), "garbage");
     }
 
     #[test]
     fn hex_round_trips() {
-        assert_eq!(from_hex(&to_hex(&[0, 1, 254, 255])), Some(vec![0, 1, 254, 255]));
+        assert_eq!(
+            from_hex(&to_hex(&[0, 1, 254, 255])),
+            Some(vec![0, 1, 254, 255])
+        );
         assert_eq!(from_hex("abc"), None);
     }
 }

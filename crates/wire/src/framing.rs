@@ -40,7 +40,10 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
 pub enum LocalCallError {
     /// Nothing listens on the socket: pgmr is not running (or the path is wrong).
     #[error("could not connect to pgmr at \"{path}\": {source}")]
-    Connect { path: String, source: std::io::Error },
+    Connect {
+        path: String,
+        source: std::io::Error,
+    },
     /// pgmr accepted but did not answer in time.
     #[error("pgmr at \"{path}\" did not answer within {} ms", timeout.as_millis())]
     Timeout { path: String, timeout: Duration },
@@ -67,11 +70,13 @@ pub fn call_local(
 ) -> Result<LocalResponse, LocalCallError> {
     let p = || path.display().to_string();
     let deadline = Instant::now() + timeout;
-    let mut stream =
-        UnixStream::connect(path).map_err(|source| LocalCallError::Connect { path: p(), source })?;
+    let mut stream = UnixStream::connect(path)
+        .map_err(|source| LocalCallError::Connect { path: p(), source })?;
     let broken = |source: FrameError| LocalCallError::Broken { path: p(), source };
     let frame = encode(req).map_err(broken)?;
-    stream.set_write_timeout(Some(timeout)).map_err(|e| broken(e.into()))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| broken(e.into()))?;
     stream.write_all(&frame).map_err(|e| {
         if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
             LocalCallError::Timeout { path: p(), timeout }
@@ -79,7 +84,9 @@ pub fn call_local(
             broken(e.into())
         }
     })?;
-    stream.set_read_timeout(Some(TICK)).map_err(|e| broken(e.into()))?;
+    stream
+        .set_read_timeout(Some(TICK))
+        .map_err(|e| broken(e.into()))?;
 
     let mut buf: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 8192];
@@ -140,8 +147,13 @@ mod tests {
     fn call_without_listener_fails_to_connect_at_once() {
         let path = socket_path("none");
         let t = Instant::now();
-        let err = call_local(&path, &LocalRequest::NodeInfo, Duration::from_secs(5), || true)
-            .unwrap_err();
+        let err = call_local(
+            &path,
+            &LocalRequest::NodeInfo,
+            Duration::from_secs(5),
+            || true,
+        )
+        .unwrap_err();
         assert!(matches!(err, LocalCallError::Connect { .. }), "{err}");
         assert!(t.elapsed() < Duration::from_secs(1));
     }
@@ -150,8 +162,13 @@ mod tests {
     fn call_to_a_silent_listener_times_out() {
         let path = socket_path("silent");
         let _listener = UnixListener::bind(&path).unwrap();
-        let err = call_local(&path, &LocalRequest::NodeInfo, Duration::from_millis(300), || true)
-            .unwrap_err();
+        let err = call_local(
+            &path,
+            &LocalRequest::NodeInfo,
+            Duration::from_millis(300),
+            || true,
+        )
+        .unwrap_err();
         assert!(matches!(err, LocalCallError::Timeout { .. }), "{err}");
     }
 
@@ -159,8 +176,13 @@ mod tests {
     fn tick_returning_false_abandons_the_call() {
         let path = socket_path("tick");
         let _listener = UnixListener::bind(&path).unwrap();
-        let err = call_local(&path, &LocalRequest::NodeInfo, Duration::from_secs(30), || false)
-            .unwrap_err();
+        let err = call_local(
+            &path,
+            &LocalRequest::NodeInfo,
+            Duration::from_secs(30),
+            || false,
+        )
+        .unwrap_err();
         assert!(matches!(err, LocalCallError::Interrupted), "{err}");
     }
 
@@ -174,14 +196,22 @@ mod tests {
             s.read_exact(&mut len).unwrap();
             let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
             s.read_exact(&mut body).unwrap();
-            let frame = encode(&LocalResponse::Error { message: "x".repeat(20_000) }).unwrap();
+            let frame = encode(&LocalResponse::Error {
+                message: "x".repeat(20_000),
+            })
+            .unwrap();
             let (a, b) = frame.split_at(3);
             s.write_all(a).unwrap();
             std::thread::sleep(Duration::from_millis(120));
             s.write_all(b).unwrap();
         });
-        let resp =
-            call_local(&path, &LocalRequest::NodeInfo, Duration::from_secs(5), || true).unwrap();
+        let resp = call_local(
+            &path,
+            &LocalRequest::NodeInfo,
+            Duration::from_secs(5),
+            || true,
+        )
+        .unwrap();
         server.join().unwrap();
         assert!(matches!(resp, LocalResponse::Error { message } if message.len() == 20_000));
     }
@@ -195,9 +225,20 @@ mod tests {
             s.write_all(&u32::MAX.to_be_bytes()).unwrap();
             std::thread::sleep(Duration::from_millis(200));
         });
-        let err = call_local(&path, &LocalRequest::NodeInfo, Duration::from_secs(5), || true)
-            .unwrap_err();
+        let err = call_local(
+            &path,
+            &LocalRequest::NodeInfo,
+            Duration::from_secs(5),
+            || true,
+        )
+        .unwrap_err();
         server.join().unwrap();
-        assert!(matches!(err, LocalCallError::Broken { source: FrameError::TooLong(_), .. }));
+        assert!(matches!(
+            err,
+            LocalCallError::Broken {
+                source: FrameError::TooLong(_),
+                ..
+            }
+        ));
     }
 }

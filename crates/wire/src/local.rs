@@ -19,11 +19,17 @@ pub enum LocalRequest {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LocalResponse {
     NodeInfo(NodeInfo),
-    NetworkLatency { rows: Vec<RttRow> },
-    ClusterRegions { regions: Vec<RegionZones> },
+    NetworkLatency {
+        rows: Vec<RttRow>,
+    },
+    ClusterRegions {
+        regions: Vec<RegionZones>,
+    },
     Status(Status),
     /// pgmr understood the request but could not serve it.
-    Error { message: String },
+    Error {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -45,7 +45,11 @@ pub struct Hello {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PeerRequest {
     /// A new node asks for a node id and the current membership.
-    Join { rpc_addr: String, sql_addr: String, locality: String },
+    Join {
+        rpc_addr: String,
+        sql_addr: String,
+        locality: String,
+    },
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -55,11 +59,20 @@ pub enum PeerRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PeerResponse {
-    Joined { node_id: u64, cluster_id: String, members: Vec<NodeDescriptor> },
+    Joined {
+        node_id: u64,
+        cluster_id: String,
+        members: Vec<NodeDescriptor>,
+    },
     /// This node cannot allocate ids; ask the node at `rpc_addr` instead.
-    Redirect { rpc_addr: String },
+    Redirect {
+        rpc_addr: String,
+    },
     HeartbeatAck(Gossip),
-    Error { message: String, retryable: bool },
+    Error {
+        message: String,
+        retryable: bool,
+    },
 }
 
 /// What a heartbeat (and its ack) carries: the sender, the nodes it knows, and the RTTs it has
@@ -86,6 +99,12 @@ mod tests {
         let f: PeerFrame =
             serde_json::from_str(r#"{"type":"request","id":7,"body":{"type":"raft_vote"}}"#)
                 .unwrap();
-        assert_eq!(f, PeerFrame::Request { id: 7, body: PeerRequest::Unknown });
+        assert_eq!(
+            f,
+            PeerFrame::Request {
+                id: 7,
+                body: PeerRequest::Unknown
+            }
+        );
     }
 }

@@ -1,0 +1,141 @@
+//! Every error the extension raises, with its SQLSTATE and hint.
+//!
+//! Code below the SQL edge returns [`MrError`]; only the edge (SQL functions, `_PG_init`, the GUC
+//! check hook) turns it into a PostgreSQL error, through [`MrError::report`]. Keeping message,
+//! SQLSTATE and hint in one place keeps them consistent and reviewable against the regression
+//! tests' expected output.
+
+use mr_topology::LocalityError;
+use mr_wire::framing::FrameError;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MrError {
+    /// `_PG_init` ran outside `shared_preload_libraries` (e.g. from `CREATE EXTENSION`).
+    #[error("pg_multiregion must be loaded via shared_preload_libraries")]
+    NotPreloaded,
+    #[error("invalid value for parameter \"multiregion.locality\": {0}")]
+    InvalidLocality(#[source] LocalityError),
+    /// The server encoding let through bytes that are not UTF-8; localities are ASCII.
+    #[error("invalid value for parameter \"multiregion.locality\": the value is not valid UTF-8")]
+    LocalityNotUtf8,
+    #[error("no region is configured for this node")]
+    NoLocality,
+    #[error("multiregion.sidecar_socket is not set")]
+    SocketNotSet,
+    #[error("could not reach the pgmr sidecar at \"{path}\": {source}")]
+    Unreachable {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the pgmr sidecar at \"{path}\" did not answer within {timeout_ms} ms")]
+    Timeout { path: String, timeout_ms: u128 },
+    #[error("lost the connection to the pgmr sidecar at \"{path}\": {source}")]
+    Broken { path: String, source: FrameError },
+    /// Only reachable if the interrupt check stops returning through PostgreSQL's own error.
+    #[error("the call to the pgmr sidecar was interrupted")]
+    Interrupted,
+    /// pgmr understood the request but could not serve it.
+    #[error("the pgmr sidecar could not serve the request: {0}")]
+    Sidecar(String),
+    #[error("the pgmr sidecar answered a {request} request with a {response} response")]
+    UnexpectedResponse {
+        request: &'static str,
+        response: &'static str,
+    },
+    #[error("the pgmr sidecar sent {field} = {value}, which is out of range")]
+    OutOfRange { field: &'static str, value: u64 },
+}
+
+impl MrError {
+    pub fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            MrError::NotPreloaded | MrError::NoLocality | MrError::SocketNotSet => {
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
+            // What PostgreSQL itself reports for a GUC value refused by a check hook.
+            MrError::InvalidLocality(_) | MrError::LocalityNotUtf8 => {
+                ERRCODE_INVALID_PARAMETER_VALUE
+            }
+            MrError::Unreachable { .. } => ERRCODE_SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            MrError::Timeout { .. } | MrError::Broken { .. } => ERRCODE_CONNECTION_FAILURE,
+            MrError::Interrupted => ERRCODE_QUERY_CANCELED,
+            MrError::Sidecar(_) => ERRCODE_SYSTEM_ERROR,
+            MrError::UnexpectedResponse { .. } | MrError::OutOfRange { .. } => {
+                ERRCODE_INTERNAL_ERROR
+            }
+        }
+    }
+
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            MrError::NotPreloaded => Some(
+                "Add pg_multiregion to shared_preload_libraries in postgresql.conf and restart \
+                 the server; \"pgmr start\" does this for you.",
+            ),
+            MrError::InvalidLocality(e) => Some(e.hint()),
+            MrError::LocalityNotUtf8 => Some(
+                "Use comma-separated key=value tiers of ASCII letters, digits, '-', '_' or '.', \
+                 e.g. region=us-east1,zone=us-east1-b.",
+            ),
+            MrError::NoLocality => Some(
+                "Set multiregion.locality in postgresql.conf, e.g. \
+                 'region=us-east1,zone=us-east1-b', and restart; \"pgmr start\" sets it from \
+                 --locality.",
+            ),
+            MrError::SocketNotSet => Some(
+                "This server is not managed by pgmr: start the node with \"pgmr start\", which \
+                 sets multiregion.sidecar_socket.",
+            ),
+            MrError::Unreachable { .. } => Some(
+                "Is pgmr running on this node? \"pgmr start\" supervises this server and listens \
+                 on multiregion.sidecar_socket.",
+            ),
+            MrError::Timeout { .. } => Some(
+                "pgmr may be overloaded or stuck: check its log, or raise \
+                 multiregion.sidecar_timeout.",
+            ),
+            MrError::Broken { .. } => Some("pgmr may have restarted: check its log on this node."),
+            MrError::UnexpectedResponse { .. } | MrError::OutOfRange { .. } => Some(
+                "pgmr and the pg_multiregion extension may be from different releases; install \
+                 matching versions.",
+            ),
+            MrError::Interrupted | MrError::Sidecar(_) => None,
+        }
+    }
+
+    /// Reports this error at `level`. At `ERROR` and above it does not return: pgrx unwinds the
+    /// Rust stack and hands the error to PostgreSQL.
+    #[track_caller]
+    pub fn report(&self, level: PgLogLevel) {
+        let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), function_name!());
+        if let Some(hint) = self.hint() {
+            report = report.set_hint(hint);
+        }
+        report.report(level);
+    }
+
+    /// Raises this error as a PostgreSQL `ERROR`, aborting the current statement.
+    #[track_caller]
+    pub fn raise(self) -> ! {
+        self.report(PgLogLevel::ERROR);
+        unreachable!("an ERROR report does not return")
+    }
+}
+
+/// Ends a fallible computation at the SQL edge: the value, or the error raised to PostgreSQL.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T> OrRaise<T> for Result<T, MrError> {
+    #[track_caller]
+    fn or_raise(self) -> T {
+        match self {
+            Ok(value) => value,
+            Err(e) => e.raise(),
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The extension's settings (GUCs), all under the reserved `multiregion.` prefix.
+//!
+//! `pgmr start` writes `multiregion.locality` and `multiregion.sidecar_socket` when it starts the
+//! server; both are fixed for the life of the postmaster because a node does not move, and
+//! because every backend must agree on where it is and on which pgmr to ask.
+
+use crate::error::MrError;
+use mr_topology::Locality;
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `region=...,zone=...` of this node; empty means "not configured".
+static LOCALITY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+
+/// Path of the Unix socket pgmr serves the local channel on; empty means "not managed by pgmr".
+static SIDECAR_SOCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+
+/// Upper bound on one call to pgmr, so that a stuck pgmr cannot hang a backend.
+static SIDECAR_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
+
+/// Defines the settings. Called once, from `_PG_init` in the postmaster.
+pub fn init() {
+    // SAFETY: `check_locality` has the signature PostgreSQL expects of a string check hook and
+    // is `#[pg_guard]`ed, so a Rust panic inside it becomes a PostgreSQL error instead of
+    // unwinding into C.
+    #[allow(unsafe_code)]
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"multiregion.locality",
+            c"Locality of this node, as comma-separated key=value tiers.",
+            c"Most general tier first and a region tier required, e.g. \
+              region=us-east1,zone=us-east1-b. Set by \"pgmr start\" from --locality.",
+            &LOCALITY,
+            GucContext::Postmaster,
+            GucFlags::default(),
+            Some(check_locality),
+            None,
+            None,
+        );
+    }
+    GucRegistry::define_string_guc(
+        c"multiregion.sidecar_socket",
+        c"Path of the Unix socket on which this node's pgmr answers the extension.",
+        c"Set by \"pgmr start\". Empty means this server is not managed by pgmr.",
+        &SIDECAR_SOCKET,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"multiregion.sidecar_timeout",
+        c"How long a SQL function waits for pgmr before failing.",
+        c"Calls to pgmr can also be cancelled like any query.",
+        &SIDECAR_TIMEOUT_MS,
+        10,
+        60_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
+    reserve_prefix();
+}
+
+/// Turns a misspelt `multiregion.*` setting into an error instead of a silent placeholder.
+#[allow(unsafe_code)]
+fn reserve_prefix() {
+    // SAFETY: a static NUL-terminated string; PostgreSQL copies it and is in the postmaster's
+    // single-threaded startup here.
+    unsafe { pg_sys::MarkGUCPrefixReserved(c"multiregion".as_ptr()) }
+}
+
+/// This node's locality. Errors if none is configured; a malformed value cannot get past
+/// [`check_locality`], but is still reported rather than assumed away.
+pub fn locality() -> Result<Locality, MrError> {
+    let raw = LOCALITY.get().unwrap_or_default();
+    parse_locality(raw.as_bytes())?.ok_or(MrError::NoLocality)
+}
+
+/// The pgmr socket path, if this server is managed by pgmr.
+pub fn sidecar_socket() -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = SIDECAR_SOCKET.get().unwrap_or_default();
+    let raw = raw.as_bytes();
+    (!raw.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(raw)))
+}
+
+pub fn sidecar_timeout() -> Duration {
+    // The GUC's minimum (10) keeps this positive; max(0) only guards the conversion.
+    Duration::from_millis(SIDECAR_TIMEOUT_MS.get().max(0) as u64)
+}
+
+/// Parses a candidate `multiregion.locality`: `None` if blank (not configured).
+fn parse_locality(raw: &[u8]) -> Result<Option<Locality>, MrError> {
+    let s = std::str::from_utf8(raw).map_err(|_| MrError::LocalityNotUtf8)?;
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    Locality::parse(s)
+        .map(Some)
+        .map_err(MrError::InvalidLocality)
+}
+
+/// GUC check hook for `multiregion.locality`; runs for postgresql.conf, `-c` and ALTER SYSTEM.
+///
+/// When the postmaster applies the configured value while loading the library, PostgreSQL
+/// would only log a WARNING for a refused custom setting and start without a locality; a node
+/// that does not know where it is must not serve, so that case stops startup with FATAL.
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn check_locality(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the candidate value, which is either NULL or
+    // a NUL-terminated string that outlives this call.
+    let raw = unsafe {
+        match newval.as_ref() {
+            Some(p) if !p.is_null() => CStr::from_ptr(*p).to_bytes(),
+            _ => b"",
+        }
+    };
+    let Err(err) = parse_locality(raw) else {
+        return true;
+    };
+    if postmaster_loading_libraries() {
+        err.report(PgLogLevel::FATAL);
+    }
+    set_check_error(&err);
+    false
+}
+
+/// True while the postmaster itself runs `shared_preload_libraries` (not in a backend).
+#[allow(unsafe_code)]
+fn postmaster_loading_libraries() -> bool {
+    // SAFETY: plain reads of PostgreSQL globals, from the thread PostgreSQL runs us on.
+    unsafe { pg_sys::process_shared_preload_libraries_in_progress && !pg_sys::IsUnderPostmaster }
+}
+
+/// The equivalent of C's `GUC_check_errmsg()` and `GUC_check_errhint()`: PostgreSQL reports the
+/// strings after the hook returns false, then frees them by resetting `ErrorContext`.
+#[allow(unsafe_code)]
+fn set_check_error(err: &MrError) {
+    let msg = pg_cstring(&err.to_string());
+    let hint = err.hint().map(pg_cstring);
+    // SAFETY: `ErrorContext` always exists in a running server, `MemoryContextStrdup` copies
+    // the NUL-terminated strings into it, and PostgreSQL reads these two globals (which it
+    // resets before each check hook call) only after the hook returns.
+    unsafe {
+        pg_sys::GUC_check_errmsg_string =
+            pg_sys::MemoryContextStrdup(pg_sys::ErrorContext, msg.as_ptr());
+        if let Some(hint) = hint {
+            pg_sys::GUC_check_errhint_string =
+                pg_sys::MemoryContextStrdup(pg_sys::ErrorContext, hint.as_ptr());
+        }
+    }
+}
+
+/// A C string for a message; interior NULs (impossible in a C-string GUC value) are dropped.
+fn pg_cstring(s: &str) -> CString {
+    CString::new(s.replace('\0', "")).unwrap_or_default()
+}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Runs the extension's regression tests against throwaway PostgreSQL instances.
+#
+# Assumes pg_multiregion is already installed into the PostgreSQL that PG_CONFIG names
+# (`cargo pgrx install`, as the Makefile does). Each phase needs its own server configuration,
+# so each gets its own pg_regress --temp-instance:
+#
+#   nopreload     without shared_preload_libraries: the extension must refuse to load;
+#   preload       configured as "pgmr start" configures a node, but with no pgmr running;
+#   unconfigured  preloaded, with neither locality nor sidecar socket set;
+#   startup       a malformed multiregion.locality in postgresql.conf must stop the server.
+#
+# initdb and postgres refuse to run as root, so when run as root the tests run as the OS user
+# postgres (override with REGRESS_USER). Exits non-zero if any phase fails, after printing its
+# differences; results are left in regress/results/<phase>/ for inspection.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+if [ ! -x "$PG_CONFIG" ]; then
+    PG_CONFIG=$(command -v pg_config) || { echo "regress.sh: pg_config not found; set PG_CONFIG" >&2; exit 1; }
+fi
+bindir=$("$PG_CONFIG" --bindir)
+pg_regress="$(dirname "$("$PG_CONFIG" --pgxs)")/../test/regress/pg_regress"
+if [ ! -x "$pg_regress" ]; then
+    echo "regress.sh: pg_regress not found at $pg_regress (install the PostgreSQL server dev package)" >&2
+    exit 1
+fi
+
+# With a Rust backtrace enabled, pgrx appends it to the DETAIL of PostgreSQL errors that unwind
+# through Rust frames (e.g. a query cancel during a pgmr call): machine-specific output.
+unset RUST_BACKTRACE RUST_LIB_BACKTRACE
+
+# pg_regress reads and writes everything under one scratch directory, owned by whoever runs it.
+work=$(mktemp -d "${TMPDIR:-/tmp}/pg_multiregion-regress.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cp -R "$root/regress/sql" "$root/regress/expected" "$root/regress/"*.conf "$root/regress/"*schedule "$work/"
+as_runner=()
+if [ "$(id -u)" -eq 0 ]; then
+    user=${REGRESS_USER:-postgres}
+    chown -R "$user:" "$work"
+    as_runner=(runuser -u "$user" --)
+fi
+run() { "${as_runner[@]}" "$@"; }
+
+rm -rf "$root/regress/results" "$root/regress/regression.diffs" "$root/regress/regression.out"
+failed=()
+
+# Keeps a failed phase's outputs in regress/results/<phase>/ and prints what differed.
+keep_failure() {
+    local phase=$1 out=$2
+    mkdir -p "$root/regress/results/$phase"
+    cp -R "$out/." "$root/regress/results/$phase/" 2>/dev/null || true
+    rm -rf "$root/regress/results/$phase/tmp_check" "$root/regress/results/$phase/data"
+    if [ -f "$out/regression.diffs" ]; then
+        echo "---- $phase: regression.diffs ----"
+        cat "$out/regression.diffs"
+    fi
+    # Without differences the server itself failed (e.g. did not start): show why.
+    local log
+    for log in "$out/log/postmaster.log" "$out/postmaster.log"; do
+        if [ ! -s "$out/regression.diffs" ] && [ -f "$log" ]; then
+            echo "---- $phase: last lines of the server log ----"
+            tail -n 30 "$log"
+        fi
+    done
+    failed+=("$phase")
+}
+
+pg_regress_phase() {
+    local phase=$1 schedule=$2 conf=$3
+    local out="$work/out-$phase"
+    echo "== phase $phase ($conf) =="
+    run mkdir "$out"
+    if ! run "$pg_regress" \
+        --bindir="$bindir" \
+        --inputdir="$work" \
+        --outputdir="$out" \
+        --temp-instance="$out/tmp_check" \
+        --temp-config="$work/$conf" \
+        --schedule="$work/$schedule" \
+        --no-locale --encoding=UTF8 \
+        --dbname=contrib_regression; then
+        keep_failure "$phase" "$out"
+    fi
+}
+
+# pg_regress cannot test a server that must fail to start, so this phase starts one directly
+# and compares its FATAL and HINT lines with expected/startup.out.
+startup_phase() {
+    local out="$work/out-startup"
+    echo "== phase startup (malformed multiregion.locality in postgresql.conf) =="
+    run mkdir "$out"
+    if ! run "$bindir/initdb" -D "$out/data" --no-locale -E UTF8 -A trust >"$out/initdb.log" 2>&1; then
+        cat "$out/initdb.log"
+        failed+=(startup)
+        return
+    fi
+    run tee -a "$out/data/postgresql.conf" >/dev/null <<CONF
+listen_addresses = ''
+unix_socket_directories = '$out'
+log_line_prefix = ''
+shared_preload_libraries = 'pg_multiregion'
+multiregion.locality = 'us-east1'
+CONF
+    if run "$bindir/pg_ctl" -D "$out/data" -l "$out/postmaster.log" -w -t 60 start >"$out/pg_ctl.log" 2>&1; then
+        run "$bindir/pg_ctl" -D "$out/data" -m immediate stop >/dev/null 2>&1 || true
+        echo "the server started despite a malformed multiregion.locality" >"$out/regression.diffs"
+        keep_failure startup "$out"
+        return
+    fi
+    grep -E '^(FATAL|HINT):' "$out/postmaster.log" >"$out/startup.out" || true
+    if diff -u "$work/expected/startup.out" "$out/startup.out" >"$out/regression.diffs"; then
+        echo "ok: the server refused to start"
+    else
+        keep_failure startup "$out"
+    fi
+}
+
+pg_regress_phase nopreload nopreload_schedule nopreload.conf
+pg_regress_phase preload schedule preload.conf
+pg_regress_phase unconfigured unconfigured_schedule unconfigured.conf
+startup_phase
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "regress.sh: FAILED phases: ${failed[*]} (outputs in regress/results/)" >&2
+    exit 1
+fi
+echo "regress.sh: all phases passed"
