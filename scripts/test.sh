@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "==> unit and cluster tests" >&2
-cargo test --quiet --workspace
+cargo test --quiet
 
 echo "==> pg_regress" >&2
 scripts/regress.sh

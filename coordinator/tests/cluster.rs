@@ -526,3 +526,90 @@ async fn joining_with_the_wrong_secret_is_refused() {
         "refusal should name the secret: {lines:#?}"
     );
 }
+
+/// `pgmr demo --no-shell` brings up a cluster whose every node sees every other, prints one
+/// connection URL per node, serves SQL on them, and on SIGTERM stops every process it started
+/// and removes its temporary data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let mut demo = Command::new(PGMR)
+        .args(["demo", "--global", "--nodes", "3", "--no-shell"])
+        .args(["--pg-port-base", "43100", "--rpc-port-base", "43200"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = demo.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        let mut urls = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            if let Some(i) = line.find("postgres://") {
+                urls.push(line[i..].to_string());
+            }
+            if line.contains("Ctrl-C") {
+                break;
+            }
+        }
+        urls
+    });
+    let urls = lines.join().unwrap();
+    assert_eq!(
+        urls,
+        (0..3)
+            .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", 43100 + i))
+            .collect::<Vec<_>>()
+    );
+    let mut c = try_connect(43102).await.expect("node 3 serves SQL");
+    let (id, region): (i64, String) =
+        sqlx::query_as("SELECT node_id, region FROM multiregion.node_info()")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        (id, region.as_str()),
+        (3, "europe-west1"),
+        "node ids follow the layout"
+    );
+    let regions: Vec<String> =
+        sqlx::query_scalar("SELECT region FROM multiregion.cluster_regions()")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(regions, ["europe-west1", "us-east1", "us-west1"]);
+    drop(c);
+
+    let children: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .map(|r| r.split_whitespace().nth(1) == Some(&demo.id().to_string()))
+                })
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(children.len(), 3, "one pgmr child per node");
+    let stderr = demo.stderr.take().unwrap();
+    let err_text = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    kill(Pid::from_raw(demo.id() as i32), Signal::SIGTERM).unwrap();
+    let status = demo.wait().unwrap();
+    let err_text = err_text.join().unwrap();
+    assert!(status.success(), "demo exit: {status}\n{err_text}");
+    for pid in children {
+        assert!(
+            kill(Pid::from_raw(pid), None).is_err(),
+            "pgmr {pid} outlived the demo"
+        );
+    }
+    assert!(
+        std::net::TcpListener::bind("127.0.0.1:43100").is_ok(),
+        "node 1's PostgreSQL port is free again"
+    );
+}
