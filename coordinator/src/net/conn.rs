@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,7 +76,8 @@ pub struct Conn {
     addr: String,
     peer: PeerInfo,
     delay: Duration,
-    out: mpsc::UnboundedSender<(Instant, Bytes)>,
+    link: Link,
+    out: mpsc::UnboundedSender<Bytes>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
 }
@@ -231,7 +231,7 @@ impl Conn {
             locality: peer.locality.clone(),
         };
         let (sink, mut stream) = wire.split();
-        let (out, rx) = mpsc::unbounded_channel::<(Instant, Bytes)>();
+        let (out, rx) = mpsc::unbounded_channel::<Bytes>();
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashMap::new()),
             open: AtomicBool::new(true),
@@ -243,6 +243,7 @@ impl Conn {
         let reader_shared = shared.clone();
         let reader_out = out.clone();
         let reader_info = info.clone();
+        let reader_link = link.clone();
         tokio::spawn(async move {
             let reason = loop {
                 let buf = match stream.next().await {
@@ -261,10 +262,11 @@ impl Conn {
                         };
                         let out = reader_out.clone();
                         let info = reader_info.clone();
+                        let link = reader_link.clone();
                         tokio::spawn(async move {
                             let body = h.handle(info, body).await;
                             let frame = encode(&PeerFrame::Response { id, body });
-                            let _ = out.send((Instant::now() + delay, frame));
+                            link.dispatch(delay, frame, &out);
                         });
                     }
                     PeerFrame::Response {
@@ -296,6 +298,7 @@ impl Conn {
             addr,
             peer: info,
             delay,
+            link: link.clone(),
             out,
             shared,
             next_id: AtomicU64::new(1),
@@ -339,9 +342,9 @@ impl Conn {
             .lock()
             .expect("pending lock")
             .insert(id, tx);
-        let delay = self.delay();
-        let frame = encode(&PeerFrame::Request { id, body: req });
-        if self.out.send((Instant::now() + delay, frame)).is_err() {
+        if !self.is_open() {
+            // Closed after the check above: `close` may have cleared `pending` before our
+            // insert, and nobody would wake us.
             self.shared
                 .pending
                 .lock()
@@ -349,6 +352,10 @@ impl Conn {
                 .remove(&id);
             return Err(self.closed());
         }
+        let frame = encode(&PeerFrame::Request { id, body: req });
+        // If the writer is gone the reader has closed the connection too, which drops our
+        // pending sender: the wait below then reports `Closed`.
+        self.link.dispatch(self.delay, frame, &self.out);
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(_)) => Err(self.closed()),
@@ -365,22 +372,15 @@ impl Conn {
             }
         }
     }
-
-    fn delay(&self) -> Duration {
-        self.delay
-    }
 }
 
-/// Writes frames in order, each no earlier than its deadline. A link's delay is constant, so
-/// deadlines are non-decreasing and sleeping on each in turn keeps FIFO order while frames in
-/// flight overlap (a pipe of latency `delay`, not a queue that serializes the waits).
+/// Writes frames as the link releases them.
 async fn writer(
     mut sink: futures::stream::SplitSink<Wire, Bytes>,
-    mut rx: mpsc::UnboundedReceiver<(Instant, Bytes)>,
+    mut rx: mpsc::UnboundedReceiver<Bytes>,
     shared: Arc<Shared>,
 ) {
-    while let Some((deadline, frame)) = rx.recv().await {
-        tokio::time::sleep_until(deadline).await;
+    while let Some(frame) = rx.recv().await {
         if let Err(e) = sink.send(frame).await {
             shared.close(format!("write failed: {e}"));
             return;
