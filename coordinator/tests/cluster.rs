@@ -613,3 +613,74 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
         "node 1's PostgreSQL port is free again"
     );
 }
+
+/// A pgmr that stops answering (SIGSTOP: its socket still accepts connections) cannot hang a
+/// backend: `node_info()` fails with 08006 after `multiregion.sidecar_timeout`, and a
+/// `statement_timeout` shorter than that cancels the wait with PostgreSQL's own 57014.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_pgmr_cannot_hang_a_backend() {
+    let dir = scratch("stuck");
+    let (rpc, pg) = ports(4);
+    let n = start_node(dir.path(), "n1", "region=a,zone=a-1", rpc, pg, None, &[]);
+    let mut c = eventually("PostgreSQL", Duration::from_secs(90), || {
+        try_connect(n.pg_port)
+    })
+    .await;
+    let pgmr = Pid::from_raw(n.child.id() as i32);
+    kill(pgmr, Signal::SIGSTOP).unwrap();
+
+    sqlx::raw_sql("SET multiregion.sidecar_timeout = 300")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    // The outer timeout turns a hang (the bug this test exists for) into a failure.
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query("SELECT * FROM multiregion.node_info()").execute(&mut c),
+    )
+    .await
+    .expect("node_info() hung on a stuck pgmr")
+    .unwrap_err();
+    let waited = started.elapsed();
+    let db = err.as_database_error().expect("a SQL error");
+    assert_eq!(db.code().as_deref(), Some("08006"), "{db}");
+    assert!(
+        db.message().contains("did not answer within 300 ms"),
+        "{db}"
+    );
+    assert!(waited < Duration::from_secs(5), "took {waited:?}");
+
+    sqlx::raw_sql("SET multiregion.sidecar_timeout = '60s'; SET statement_timeout = 300")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        sqlx::query("SELECT * FROM multiregion.cluster_regions()").execute(&mut c),
+    )
+    .await
+    .expect("cluster_regions() ignored statement_timeout")
+    .unwrap_err();
+    let waited = started.elapsed();
+    let db = err.as_database_error().expect("a SQL error");
+    assert_eq!(db.code().as_deref(), Some("57014"), "{db}");
+    assert!(waited < Duration::from_secs(5), "took {waited:?}");
+
+    kill(pgmr, Signal::SIGCONT).unwrap();
+    sqlx::raw_sql("RESET statement_timeout; RESET multiregion.sidecar_timeout")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let regions: Vec<String> =
+        sqlx::query_scalar("SELECT region FROM multiregion.cluster_regions()")
+            .fetch_all(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        regions,
+        ["a"],
+        "the same backend works again once pgmr answers"
+    );
+}
