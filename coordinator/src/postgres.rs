@@ -377,14 +377,17 @@ async fn supervise(cfg: PgConfig, state: Arc<PgState>, stop: CancellationToken, 
     }
 }
 
-/// Fast shutdown (SIGINT), escalating to immediate (SIGQUIT) and then SIGKILL.
+/// Fast shutdown (SIGINT), then immediate (SIGQUIT), then SIGKILL, each given this long.
+const STOP_LADDER: [(Signal, Duration); 3] = [
+    (Signal::SIGINT, Duration::from_secs(20)),
+    (Signal::SIGQUIT, Duration::from_secs(5)),
+    (Signal::SIGKILL, Duration::from_secs(5)),
+];
+
+/// Stops our own child, reaping it.
 async fn terminate(child: &mut Child) {
     let Some(pid) = child.id() else { return };
-    for (sig, wait) in [
-        (Signal::SIGINT, Duration::from_secs(20)),
-        (Signal::SIGQUIT, Duration::from_secs(5)),
-        (Signal::SIGKILL, Duration::from_secs(5)),
-    ] {
+    for (sig, wait) in STOP_LADDER {
         let _ = kill(Pid::from_raw(pid as i32), sig);
         if tokio::time::timeout(wait, child.wait()).await.is_ok() {
             return;
@@ -392,12 +395,9 @@ async fn terminate(child: &mut Child) {
     }
 }
 
+/// Stops a postmaster that is not our child (so it can only be polled, not waited for).
 async fn stop_pid(pid: i32) {
-    for (sig, wait) in [
-        (Signal::SIGINT, Duration::from_secs(20)),
-        (Signal::SIGQUIT, Duration::from_secs(5)),
-        (Signal::SIGKILL, Duration::from_secs(5)),
-    ] {
+    for (sig, wait) in STOP_LADDER {
         let _ = kill(Pid::from_raw(pid), sig);
         let deadline = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < deadline {

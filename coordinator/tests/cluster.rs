@@ -614,6 +614,23 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     );
 }
 
+/// Runs `sql`, which must fail within 5 s; returns (SQLSTATE, message). The outer 10 s timeout
+/// turns a hang, the bug these checks exist for, into a failure.
+async fn fails_within(c: &mut PgConnection, sql: &str) -> (String, String) {
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), sqlx::query(sql).execute(c))
+        .await
+        .unwrap_or_else(|_| panic!("{sql} hung"))
+        .expect_err("must fail");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(5), "{sql} took {waited:?}");
+    let db = err.as_database_error().expect("a SQL error");
+    (
+        db.code().unwrap_or_default().to_string(),
+        db.message().to_string(),
+    )
+}
+
 /// A pgmr that stops answering (SIGSTOP: its socket still accepts connections) cannot hang a
 /// backend: `node_info()` fails with 08006 after `multiregion.sidecar_timeout`, and a
 /// `statement_timeout` shorter than that cancels the wait with PostgreSQL's own 57014.
@@ -633,40 +650,19 @@ async fn a_stuck_pgmr_cannot_hang_a_backend() {
         .execute(&mut c)
         .await
         .unwrap();
-    let started = Instant::now();
-    // The outer timeout turns a hang (the bug this test exists for) into a failure.
-    let err = tokio::time::timeout(
-        Duration::from_secs(10),
-        sqlx::query("SELECT * FROM multiregion.node_info()").execute(&mut c),
-    )
-    .await
-    .expect("node_info() hung on a stuck pgmr")
-    .unwrap_err();
-    let waited = started.elapsed();
-    let db = err.as_database_error().expect("a SQL error");
-    assert_eq!(db.code().as_deref(), Some("08006"), "{db}");
+    let (code, message) = fails_within(&mut c, "SELECT * FROM multiregion.node_info()").await;
+    assert_eq!(code, "08006", "{message}");
     assert!(
-        db.message().contains("did not answer within 300 ms"),
-        "{db}"
+        message.contains("did not answer within 300 ms"),
+        "{message}"
     );
-    assert!(waited < Duration::from_secs(5), "took {waited:?}");
 
     sqlx::raw_sql("SET multiregion.sidecar_timeout = '60s'; SET statement_timeout = 300")
         .execute(&mut c)
         .await
         .unwrap();
-    let started = Instant::now();
-    let err = tokio::time::timeout(
-        Duration::from_secs(10),
-        sqlx::query("SELECT * FROM multiregion.cluster_regions()").execute(&mut c),
-    )
-    .await
-    .expect("cluster_regions() ignored statement_timeout")
-    .unwrap_err();
-    let waited = started.elapsed();
-    let db = err.as_database_error().expect("a SQL error");
-    assert_eq!(db.code().as_deref(), Some("57014"), "{db}");
-    assert!(waited < Duration::from_secs(5), "took {waited:?}");
+    let (code, message) = fails_within(&mut c, "SELECT * FROM multiregion.cluster_regions()").await;
+    assert_eq!(code, "57014", "{message}");
 
     kill(pgmr, Signal::SIGCONT).unwrap();
     sqlx::raw_sql("RESET statement_timeout; RESET multiregion.sidecar_timeout")
