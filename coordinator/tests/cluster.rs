@@ -614,6 +614,33 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     );
 }
 
+/// SIGSTOPs `pid` and returns once every one of its threads is stopped. `kill` only queues the
+/// stop: it takes effect when the thread chosen to receive it next runs, and until then the
+/// process's other threads keep running (seen on a loaded CI machine: a tokio worker answered
+/// a request after `kill` had returned).
+async fn stop_process(pid: Pid) {
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state is the first field after the parenthesised command name.
+                matches!(
+                    stat.rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().next()),
+                    Some("T" | "t")
+                )
+            })
+    };
+    eventually("every thread to stop", Duration::from_secs(10), || async {
+        all_stopped().then_some(())
+    })
+    .await;
+}
+
 /// Runs `sql`, which must fail within 5 s; returns (SQLSTATE, message). The outer 10 s timeout
 /// turns a hang, the bug these checks exist for, into a failure.
 async fn fails_within(c: &mut PgConnection, sql: &str) -> (String, String) {
@@ -644,7 +671,7 @@ async fn a_stuck_pgmr_cannot_hang_a_backend() {
     })
     .await;
     let pgmr = Pid::from_raw(n.child.id() as i32);
-    kill(pgmr, Signal::SIGSTOP).unwrap();
+    stop_process(pgmr).await;
 
     sqlx::raw_sql("SET multiregion.sidecar_timeout = 300")
         .execute(&mut c)
