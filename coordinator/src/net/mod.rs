@@ -52,11 +52,14 @@ struct Inner {
     secret: Vec<u8>,
     me: RwLock<SelfView>,
     link: Link,
-    conns: Mutex<HashMap<String, Arc<Conn>>>,
+    conns: Mutex<HashMap<String, DialSlot>>,
     handler: OnceLock<Arc<dyn Handler>>,
 }
 
 const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The connection to one address, if any; locked while dialling it.
+type DialSlot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
 
 impl Transport {
     pub fn new(secret: Vec<u8>, me: SelfView, matrix: RttMatrix) -> Transport {
@@ -141,34 +144,36 @@ impl Transport {
         req: PeerRequest,
         timeout: Duration,
     ) -> Result<PeerResponse, RpcError> {
-        let conn = self.conn(addr).await?;
-        let result = conn.call(req, timeout).await;
-        if matches!(result, Err(RpcError::Closed { .. })) {
-            self.forget(addr, &conn);
-        }
-        result
+        // A connection that closed is replaced by the next call's dial.
+        self.conn(addr).await?.call(req, timeout).await
     }
 
+    /// The open connection to `addr`, dialling it if there is none. Each address has its own
+    /// slot, held across the dial: concurrent callers share one connection instead of racing
+    /// to create two (the loser of such a race would live on, unused, holding both ends), and
+    /// a slow dial to one peer does not hold up calls to others.
     async fn conn(&self, addr: &str) -> Result<Arc<Conn>, RpcError> {
-        if let Some(c) = self.inner.conns.lock().expect("conns lock").get(addr) {
-            if c.is_open() {
-                return Ok(c.clone());
-            }
+        let slot = self
+            .inner
+            .conns
+            .lock()
+            .expect("conns lock")
+            .entry(addr.to_string())
+            .or_default()
+            .clone();
+        let mut slot = slot.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| c.is_open()) {
+            return Ok(c.clone());
         }
+        let dial_error = |reason: String| RpcError::Dial {
+            addr: addr.to_string(),
+            reason,
+        };
         let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr))
             .await
-            .map_err(|_| RpcError::Dial {
-                addr: addr.to_string(),
-                reason: format!("no answer within {} s", DIAL_TIMEOUT.as_secs()),
-            })?
-            .map_err(|e| RpcError::Dial {
-                addr: addr.to_string(),
-                reason: e.to_string(),
-            })?;
-        let (hello, nonce) = self.hello().map_err(|e| RpcError::Dial {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
+            .map_err(|_| dial_error(format!("no answer within {} s", DIAL_TIMEOUT.as_secs())))?
+            .map_err(|e| dial_error(e.to_string()))?;
+        let (hello, nonce) = self.hello().map_err(|e| dial_error(e.to_string()))?;
         let handler = self.inner.handler.get().cloned();
         let conn = Conn::dial(
             stream,
@@ -181,18 +186,7 @@ impl Transport {
         )
         .await?;
         let conn = Arc::new(conn);
-        self.inner
-            .conns
-            .lock()
-            .expect("conns lock")
-            .insert(addr.to_string(), conn.clone());
+        *slot = Some(conn.clone());
         Ok(conn)
-    }
-
-    fn forget(&self, addr: &str, conn: &Arc<Conn>) {
-        let mut conns = self.inner.conns.lock().expect("conns lock");
-        if conns.get(addr).is_some_and(|c| Arc::ptr_eq(c, conn)) {
-            conns.remove(addr);
-        }
     }
 }
