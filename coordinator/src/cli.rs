@@ -16,7 +16,7 @@ impl Cli {
     /// Default log filter (overridden by `PGMR_LOG`): the demo keeps its terminal clean.
     pub fn log_level(&self) -> &'static str {
         match self.command {
-            Command::Demo(_) | Command::Status(_) => "warn",
+            Command::Demo(_) | Command::Status(_) | Command::Debug(_) => "warn",
             // sqlx logs server notices at info; they are PostgreSQL's to log, not ours.
             Command::Start(_) => "info,sqlx=warn",
         }
@@ -31,6 +31,39 @@ pub enum Command {
     Demo(DemoArgs),
     /// Show a running node's view of the cluster.
     Status(StatusArgs),
+    /// Inject faults into a running node's outgoing links (for tests and experiments).
+    #[command(subcommand)]
+    Debug(DebugCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DebugCommand {
+    /// Discard everything this node sends to PEERS (a one-way partition; run it on both sides
+    /// for a two-way one).
+    Partition(FaultTarget),
+    /// Degrade the links to PEERS: drop a share of frames and/or add delay.
+    Fault {
+        #[command(flatten)]
+        target: FaultTarget,
+        /// Probability (0 to 1) that a frame is dropped.
+        #[arg(long, default_value_t = 0.0)]
+        drop_rate: f64,
+        /// Delay added to each frame, on top of the simulated WAN.
+        #[arg(long, value_parser = parse_duration, default_value = "0ms")]
+        extra_delay: std::time::Duration,
+    },
+    /// Remove the faults on the links to PEERS (all links without --peers).
+    Heal(FaultTarget),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FaultTarget {
+    /// The node's data directory (its socket is DATA_DIR/run/pgmr.sock).
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Peer node ids, comma-separated; all peers if omitted.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<u64>,
 }
 
 #[derive(Args, Debug, Clone)]

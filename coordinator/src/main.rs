@@ -46,6 +46,7 @@ fn main() -> ExitCode {
             cli::Command::Start(args) => node::run(args).await,
             cli::Command::Demo(args) => demo::run(args).await,
             cli::Command::Status(args) => status::run(args).await,
+            cli::Command::Debug(cmd) => status::debug(cmd).await,
         }
     });
     match result {

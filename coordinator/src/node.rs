@@ -8,7 +8,7 @@ use crate::postgres::{self, PgConfig, PgState};
 use anyhow::{bail, Context, Result};
 use futures::future::BoxFuture;
 use mr_topology::{Locality, RttMatrix};
-use mr_wire::local::{LocalRequest, LocalResponse, NodeInfo, Status};
+use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, NodeInfo, Status};
 use mr_wire::peer::{NodeDescriptor, PeerRequest, PeerResponse};
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -99,7 +99,9 @@ pub async fn run(args: StartArgs) -> Result<()> {
             (id, members)
         }
     };
-    transport.set_identity(identity.cluster_id.clone(), identity.node_id);
+    transport
+        .set_identity(identity.cluster_id.clone(), identity.node_id)
+        .await;
 
     let me = NodeDescriptor {
         node_id: identity.node_id,
@@ -312,7 +314,39 @@ impl Node {
             LocalRequest::Status => LocalResponse::Status(Status {
                 node: self.info(),
                 peers: self.membership.peer_status(),
+                faults: self.transport.link().faults(),
             }),
+            LocalRequest::SetLinkFaults { peers, fault } => self.set_link_faults(peers, fault),
+        }
+    }
+
+    /// Injects (or heals) faults on this node's outgoing links; an empty `peers` means every
+    /// peer this node knows (for a fault) or every link with a fault (for healing).
+    fn set_link_faults(&self, peers: Vec<u64>, fault: Option<LinkFault>) -> LocalResponse {
+        let link = self.transport.link();
+        if let Some(f) = &fault {
+            if let Err(message) = f.validate() {
+                return LocalResponse::Error { message };
+            }
+        }
+        match (peers.is_empty(), &fault) {
+            (true, None) => link.clear_faults(),
+            (true, Some(_)) => {
+                let me = self.id();
+                let all: Vec<u64> = self
+                    .membership
+                    .members()
+                    .iter()
+                    .map(|d| d.node_id)
+                    .filter(|id| *id != me)
+                    .collect();
+                link.set_faults(&all, fault.clone());
+            }
+            (false, _) => link.set_faults(&peers, fault.clone()),
+        }
+        tracing::warn!(?peers, ?fault, "link faults changed");
+        LocalResponse::LinkFaults {
+            faults: link.faults(),
         }
     }
 

@@ -707,3 +707,166 @@ async fn a_stuck_pgmr_cannot_hang_a_backend() {
         "the same backend works again once pgmr answers"
     );
 }
+
+/// Runs `pgmr` and returns its stdout, failing the test if it fails.
+fn pgmr_ok(args: &[&str]) -> String {
+    let out = Command::new(PGMR)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pgmr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Whether `node` (by data dir) currently sees `peer` as live, from `pgmr status --json`.
+fn sees_live(node: &Node, peer: u64) -> bool {
+    let json = pgmr_ok(&[
+        "status",
+        "--json",
+        "--data-dir",
+        node.data_dir.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["node_id"] == peer && p["live"] == true)
+}
+
+async fn rtt(node: &Node, from: i64, to: i64) -> Option<f64> {
+    let mut c = node.sql().await;
+    sqlx::query_scalar(
+        "SELECT rtt_ms FROM multiregion.network_latency() WHERE from_node = $1 AND to_node = $2",
+    )
+    .bind(from)
+    .bind(to)
+    .fetch_one(&mut c)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Faults injected at runtime through `pgmr debug` act on the sender's links only: a one-way
+/// partition 1→3 makes node 3 lose node 1 while node 1 still hears node 3 (its requests arrive)
+/// and node 2 sees both; healing restores it; an extra delay 1→2 shows in the RTT both nodes
+/// measure, since every round trip crosses that link once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
+    let dir = scratch("faults");
+    let matrix = dir.path().join("matrix.txt");
+    std::fs::write(
+        &matrix,
+        "intra 2\nred green 20\nred blue 20\ngreen blue 20\n",
+    )
+    .unwrap();
+    let lat = matrix.to_str().unwrap();
+    let (rpc, pg) = ports(5);
+    let n1 = start_node(
+        dir.path(),
+        "n1",
+        "region=red",
+        rpc,
+        pg,
+        None,
+        &["--latency", lat],
+    );
+    eventually("node 1", Duration::from_secs(90), || {
+        try_connect(n1.pg_port)
+    })
+    .await;
+    let secret = n1.data_dir.join("cluster-secret");
+    let s = secret.to_str().unwrap().to_string();
+    let join = n1.rpc.clone();
+    let extra = ["--latency", lat, "--secret-file", s.as_str()];
+    let n2 = start_node(
+        dir.path(),
+        "n2",
+        "region=green",
+        rpc + 1,
+        pg + 1,
+        Some(&join),
+        &extra,
+    );
+    eventually("node 2", Duration::from_secs(90), || {
+        try_connect(n2.pg_port)
+    })
+    .await;
+    let n3 = start_node(
+        dir.path(),
+        "n3",
+        "region=blue",
+        rpc + 2,
+        pg + 2,
+        Some(&join),
+        &extra,
+    );
+    eventually("node 3", Duration::from_secs(90), || {
+        try_connect(n3.pg_port)
+    })
+    .await;
+    eventually("full mesh", Duration::from_secs(30), || async {
+        (sees_live(&n1, 3) && sees_live(&n3, 1) && sees_live(&n2, 1)).then_some(())
+    })
+    .await;
+
+    let d1 = n1.data_dir.to_str().unwrap().to_string();
+    let out = pgmr_ok(&["debug", "partition", "--data-dir", &d1, "--peers", "3"]);
+    assert!(out.contains("to node 3: partitioned=true"), "{out}");
+    eventually("node 3 to lose node 1", Duration::from_secs(15), || async {
+        (!sees_live(&n3, 1)).then_some(())
+    })
+    .await;
+    assert!(sees_live(&n1, 3), "node 1 still hears node 3's heartbeats");
+    assert!(
+        sees_live(&n2, 1) && sees_live(&n2, 3),
+        "node 2 is not partitioned"
+    );
+
+    let out = pgmr_ok(&["debug", "heal", "--data-dir", &d1]);
+    assert!(out.contains("no link faults"), "{out}");
+    eventually(
+        "node 3 to see node 1 again",
+        Duration::from_secs(15),
+        || async { sees_live(&n3, 1).then_some(()) },
+    )
+    .await;
+
+    pgmr_ok(&[
+        "debug",
+        "fault",
+        "--data-dir",
+        &d1,
+        "--peers",
+        "2",
+        "--extra-delay",
+        "100ms",
+    ]);
+    // The RTT is a median of 9 samples at 500 ms: it moves once most samples are new.
+    let (one_two, two_one) = eventually(
+        "the extra delay in both measurements",
+        Duration::from_secs(20),
+        || async {
+            let (a, b) = (rtt(&n1, 1, 2).await?, rtt(&n1, 2, 1).await?);
+            (a > 110.0 && b > 110.0).then_some((a, b))
+        },
+    )
+    .await;
+    assert!(
+        one_two < 150.0 && two_one < 150.0,
+        "20 ms WAN + 100 ms: {one_two} / {two_one}"
+    );
+
+    let (code, lines) = pgmr_fails(&["debug", "fault", "--data-dir", &d1, "--drop-rate", "2"]);
+    assert_ne!(code, 0);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("drop rate 2 is not between 0 and 1"),
+        "{lines:?}"
+    );
+}

@@ -74,6 +74,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::NetworkLatency { .. } => "network_latency",
         LocalResponse::ClusterRegions { .. } => "cluster_regions",
         LocalResponse::Status(_) => "status",
+        LocalResponse::LinkFaults { .. } => "link_faults",
         LocalResponse::Error { .. } => "error",
     };
     MrError::UnexpectedResponse { request, response }

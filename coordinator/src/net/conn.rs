@@ -1,6 +1,6 @@
 //! One authenticated peer connection: handshake, then a delayed writer and a reader.
 
-use super::link::Link;
+use super::link::{Link, Route};
 use super::{Handler, PeerInfo};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::sync::CancellationToken;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -75,7 +76,7 @@ fn check_hello(own: &Hello, peer: &Hello) -> Result<(), String> {
 pub struct Conn {
     addr: String,
     peer: PeerInfo,
-    delay: Duration,
+    route: Arc<Route>,
     link: Link,
     out: mpsc::UnboundedSender<Bytes>,
     shared: Arc<Shared>,
@@ -87,6 +88,9 @@ struct Shared {
     pending: Mutex<HashMap<u64, oneshot::Sender<PeerResponse>>>,
     open: AtomicBool,
     close_reason: Mutex<Option<String>>,
+    /// Cancelled to close the connection from this side: the reader and writer stop, which
+    /// drops both halves of the socket.
+    shutdown: CancellationToken,
 }
 
 impl Shared {
@@ -225,7 +229,7 @@ impl Conn {
         handler: Option<Arc<dyn Handler>>,
     ) -> Conn {
         let locality = Locality::parse(&peer.locality).expect("checked in check_hello");
-        let delay = link.delay_to(locality.region());
+        let route = Arc::new(link.route(peer.node_id, locality.region()));
         let info = PeerInfo {
             node_id: peer.node_id,
             locality: peer.locality.clone(),
@@ -236,6 +240,7 @@ impl Conn {
             pending: Mutex::new(HashMap::new()),
             open: AtomicBool::new(true),
             close_reason: Mutex::new(None),
+            shutdown: CancellationToken::new(),
         });
 
         tokio::spawn(writer(sink, rx, shared.clone()));
@@ -244,9 +249,14 @@ impl Conn {
         let reader_out = out.clone();
         let reader_info = info.clone();
         let reader_link = link.clone();
+        let reader_route = route.clone();
         tokio::spawn(async move {
             let reason = loop {
-                let buf = match stream.next().await {
+                let next = tokio::select! {
+                    next = stream.next() => next,
+                    _ = reader_shared.shutdown.cancelled() => break "closed by this node".to_string(),
+                };
+                let buf = match next {
                     None => break "peer closed the connection".to_string(),
                     Some(Err(e)) => break e.to_string(),
                     Some(Ok(buf)) => buf,
@@ -263,10 +273,11 @@ impl Conn {
                         let out = reader_out.clone();
                         let info = reader_info.clone();
                         let link = reader_link.clone();
+                        let route = reader_route.clone();
                         tokio::spawn(async move {
                             let body = h.handle(info, body).await;
                             let frame = encode(&PeerFrame::Response { id, body });
-                            link.dispatch(delay, frame, &out);
+                            link.dispatch(&route, frame, &out);
                         });
                     }
                     PeerFrame::Response {
@@ -297,7 +308,7 @@ impl Conn {
         Conn {
             addr,
             peer: info,
-            delay,
+            route,
             link: link.clone(),
             out,
             shared,
@@ -307,6 +318,12 @@ impl Conn {
 
     pub fn peer(&self) -> &PeerInfo {
         &self.peer
+    }
+
+    /// Closes the connection; calls waiting on it fail with `Closed`.
+    pub fn close(&self) {
+        self.shared.shutdown.cancel();
+        self.shared.close("closed by this node".into());
     }
 
     pub fn is_open(&self) -> bool {
@@ -355,7 +372,7 @@ impl Conn {
         let frame = encode(&PeerFrame::Request { id, body: req });
         // If the writer is gone the reader has closed the connection too, which drops our
         // pending sender: the wait below then reports `Closed`.
-        self.link.dispatch(self.delay, frame, &self.out);
+        self.link.dispatch(&self.route, frame, &self.out);
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(_)) => Err(self.closed()),
@@ -380,7 +397,12 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<Bytes>,
     shared: Arc<Shared>,
 ) {
-    while let Some(frame) = rx.recv().await {
+    loop {
+        let frame = tokio::select! {
+            frame = rx.recv() => frame,
+            _ = shared.shutdown.cancelled() => None,
+        };
+        let Some(frame) = frame else { return };
         if let Err(e) = sink.send(frame).await {
             shared.close(format!("write failed: {e}"));
             return;

@@ -75,14 +75,33 @@ impl Transport {
         }
     }
 
+    /// The link policy: simulated latency and injected faults.
+    pub fn link(&self) -> &Link {
+        &self.inner.link
+    }
+
     pub fn set_handler(&self, h: Arc<dyn Handler>) {
         let _ = self.inner.handler.set(h);
     }
 
-    pub fn set_identity(&self, cluster_id: String, node_id: u64) {
-        let mut me = self.inner.me.write().expect("self view lock");
-        me.cluster_id = Some(cluster_id);
-        me.node_id = Some(node_id);
+    /// Records the identity this node got by joining, and closes the connections it opened
+    /// before: their handshakes announced no node id, so peers could not tell whose they are
+    /// (and per-peer link faults would not apply to them). Later calls redial as this node.
+    pub async fn set_identity(&self, cluster_id: String, node_id: u64) {
+        {
+            let mut me = self.inner.me.write().expect("self view lock");
+            me.cluster_id = Some(cluster_id);
+            me.node_id = Some(node_id);
+        }
+        let slots: Vec<DialSlot> = {
+            let mut conns = self.inner.conns.lock().expect("conns lock");
+            conns.drain().map(|(_, slot)| slot).collect()
+        };
+        for slot in slots {
+            if let Some(c) = slot.lock().await.take() {
+                c.close();
+            }
+        }
     }
 
     fn hello(&self) -> anyhow::Result<(mr_wire::peer::Hello, String)> {

@@ -13,6 +13,47 @@ pub enum LocalRequest {
     ClusterRegions,
     /// Everything `pgmr status` and `pgmr demo` need: this node and its view of every peer.
     Status,
+    /// Fault injection on this node's outgoing links (`pgmr debug …`, tests). `fault: None`
+    /// heals the links to `peers`; an empty `peers` means every link.
+    SetLinkFaults {
+        peers: Vec<u64>,
+        fault: Option<LinkFault>,
+    },
+}
+
+/// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
+/// Faults act on the sender's side only, so a one-way partition is one node's rule and a full
+/// partition is a rule on each side.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LinkFault {
+    /// Every frame is discarded.
+    #[serde(default)]
+    pub partitioned: bool,
+    /// Probability (0 to 1) that a frame is discarded.
+    #[serde(default)]
+    pub drop_rate: f64,
+    /// Added to the link's one-way delay, in milliseconds.
+    #[serde(default)]
+    pub extra_delay_ms: f64,
+}
+
+impl LinkFault {
+    /// Checks the values a user can set, with a message that names the bad one.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.drop_rate) {
+            return Err(format!(
+                "drop rate {} is not between 0 and 1",
+                self.drop_rate
+            ));
+        }
+        if !(0.0..=600_000.0).contains(&self.extra_delay_ms) {
+            return Err(format!(
+                "extra delay {} ms is not between 0 and 600000",
+                self.extra_delay_ms
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,6 +67,10 @@ pub enum LocalResponse {
         regions: Vec<RegionZones>,
     },
     Status(Status),
+    /// The faults now in force, by peer node id.
+    LinkFaults {
+        faults: Vec<(u64, LinkFault)>,
+    },
     /// pgmr understood the request but could not serve it.
     Error {
         message: String,
@@ -75,6 +120,9 @@ pub struct RegionZones {
 pub struct Status {
     pub node: NodeInfo,
     pub peers: Vec<PeerStatus>,
+    /// Injected faults in force on this node's outgoing links, by peer node id.
+    #[serde(default)]
+    pub faults: Vec<(u64, LinkFault)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
