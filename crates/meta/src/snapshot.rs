@@ -1,0 +1,38 @@
+//! Snapshots of [`MetaState`]: `{"format": N, "state": …}`.
+//!
+//! A release writes the newest format and reads every older one, converting as it goes; a
+//! snapshot from a newer release is refused with a message, never misread.
+
+use crate::MetaState;
+use serde::Deserialize;
+
+/// The format this release writes.
+pub const FORMAT: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot format {0} is newer than this release reads (up to {FORMAT}); upgrade pgmr")]
+    TooNew(u32),
+    #[error("corrupt snapshot: {0}")]
+    Corrupt(#[from] serde_json::Error),
+}
+
+pub fn encode(state: &MetaState) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ "format": FORMAT, "state": state }))
+        .expect("metadata state always serializes")
+}
+
+pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
+    #[derive(Deserialize)]
+    struct Envelope {
+        format: u32,
+        state: serde_json::Value,
+    }
+    let env: Envelope = serde_json::from_slice(bytes)?;
+    match env.format {
+        // Format 1 is the current one. A format 2 will add an arm that reads format 1's
+        // shape and converts it.
+        1 => Ok(serde_json::from_value(env.state)?),
+        n => Err(SnapshotError::TooNew(n)),
+    }
+}
