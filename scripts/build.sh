@@ -9,4 +9,11 @@ sudo_flag=()
 echo "==> building pgmr" >&2
 cargo build --quiet -p pgmr
 echo "==> building and installing the pg_multiregion extension" >&2
-(cd extension && cargo pgrx install --pg-config "$PG_CONFIG" "${sudo_flag[@]}" >/dev/null)
+# Quiet when it works, everything when it does not.
+log=$(mktemp)
+if ! (cd extension && cargo pgrx install --pg-config "$PG_CONFIG" "${sudo_flag[@]}") >"$log" 2>&1; then
+  cat "$log" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"

@@ -134,8 +134,9 @@ pub struct DemoArgs {
     /// First PostgreSQL port; node N uses this + N - 1.
     #[arg(long, default_value_t = 15432)]
     pub pg_port_base: u16,
-    /// First RPC port; node N uses this + N - 1.
-    #[arg(long, default_value_t = 36257)]
+    /// First RPC port; node N uses this + N - 1. Below the ephemeral port range, clear of the
+    /// SQL gateway's 26257 and up.
+    #[arg(long, default_value_t = 26357)]
     pub rpc_port_base: u16,
     /// OS user that runs PostgreSQL when pgmr runs as root.
     #[arg(long, default_value = "postgres")]

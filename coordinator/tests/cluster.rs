@@ -34,7 +34,11 @@ impl Drop for Node {
                 std::fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
             eprintln!("--- postgres log ---\n{pg}");
         }
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        // A test that failed while pgmr was stopped must not leave it stopped: it would never
+        // act on the SIGTERM, and its PostgreSQL would outlive the test holding the port.
+        let _ = kill(pid, Signal::SIGCONT);
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -149,9 +153,10 @@ async fn try_connect(port: u16) -> Option<PgConnection> {
     pid.map(|_| c)
 }
 
-/// Each test uses its own port block so tests can run in parallel.
+/// Each test uses its own port block so tests can run in parallel. All test ports are below
+/// Linux's ephemeral range (32768–60999), where a lingering client socket could hold them.
 fn ports(block: u16) -> (u16, u16) {
-    (41000 + block * 10, 42000 + block * 10)
+    (21000 + block * 10, 22000 + block * 10)
 }
 
 /// The RTTs `multiregion.network_latency()` reports between three nodes in three regions are
@@ -395,7 +400,7 @@ fn bad_flags_and_environments_fail_with_one_line() {
             "--data-dir",
             &d,
             "--listen",
-            "127.0.0.1:41901",
+            "127.0.0.1:21901",
         ],
         "region",
     );
@@ -419,7 +424,7 @@ fn bad_flags_and_environments_fail_with_one_line() {
             "--data-dir",
             &d,
             "--listen",
-            "127.0.0.1:41901",
+            "127.0.0.1:21901",
             "--latency",
             "/nonexistent",
         ],
@@ -434,7 +439,7 @@ fn bad_flags_and_environments_fail_with_one_line() {
             "--data-dir",
             "/proc/pgmr-test",
             "--listen",
-            "127.0.0.1:41902",
+            "127.0.0.1:21902",
         ],
         "/proc/pgmr-test",
     );
@@ -463,7 +468,7 @@ fn bad_flags_and_environments_fail_with_one_line() {
             "--data-dir",
             &d2,
             "--listen",
-            "127.0.0.1:41903",
+            "127.0.0.1:21903",
             "--join",
             "127.0.0.1:1",
             "--join-timeout",
@@ -482,7 +487,7 @@ fn bad_flags_and_environments_fail_with_one_line() {
             "--data-dir",
             &d3,
             "--listen",
-            "127.0.0.1:41904",
+            "127.0.0.1:21904",
             "--join",
             "127.0.0.1:1",
         ],
@@ -535,7 +540,7 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     use std::io::{BufRead, BufReader};
     let mut demo = Command::new(PGMR)
         .args(["demo", "--global", "--nodes", "3", "--no-shell"])
-        .args(["--pg-port-base", "43100", "--rpc-port-base", "43200"])
+        .args(["--pg-port-base", "23100", "--rpc-port-base", "23200"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -559,10 +564,10 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     assert_eq!(
         urls,
         (0..3)
-            .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", 43100 + i))
+            .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", 23100 + i))
             .collect::<Vec<_>>()
     );
-    let mut c = try_connect(43102).await.expect("node 3 serves SQL");
+    let mut c = try_connect(23102).await.expect("node 3 serves SQL");
     let (id, region): (i64, String) =
         sqlx::query_as("SELECT node_id, region FROM multiregion.node_info()")
             .fetch_one(&mut c)
@@ -609,7 +614,7 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
         );
     }
     assert!(
-        std::net::TcpListener::bind("127.0.0.1:43100").is_ok(),
+        std::net::TcpListener::bind("127.0.0.1:23100").is_ok(),
         "node 1's PostgreSQL port is free again"
     );
 }
