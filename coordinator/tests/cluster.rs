@@ -153,6 +153,46 @@ async fn try_connect(port: u16) -> Option<PgConnection> {
     pid.map(|_| c)
 }
 
+/// Starts one node per locality from port block `block`, all simulating the latency matrix
+/// `matrix` (file text), one after another so that node N has the Nth locality, and returns
+/// once each serves SQL. Node 1 bootstraps; the others join it with its secret.
+async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&str]) -> Vec<Node> {
+    let matrix_file = dir.join("matrix.txt");
+    std::fs::write(&matrix_file, matrix).unwrap();
+    let lat = matrix_file.to_str().unwrap();
+    let (rpc, pg) = ports(block);
+    let mut nodes: Vec<Node> = Vec::new();
+    for (i, locality) in localities.iter().enumerate() {
+        let i16 = i as u16;
+        let name = format!("n{}", i + 1);
+        let node = match nodes.first() {
+            None => start_node(dir, &name, locality, rpc, pg, None, &["--latency", lat]),
+            Some(first) => {
+                let secret = first.data_dir.join("cluster-secret");
+                let extra = ["--latency", lat, "--secret-file", secret.to_str().unwrap()];
+                let join = first.rpc.clone();
+                start_node(
+                    dir,
+                    &name,
+                    locality,
+                    rpc + i16,
+                    pg + i16,
+                    Some(&join),
+                    &extra,
+                )
+            }
+        };
+        eventually(
+            &format!("node {} to serve SQL", i + 1),
+            Duration::from_secs(90),
+            || try_connect(node.pg_port),
+        )
+        .await;
+        nodes.push(node);
+    }
+    nodes
+}
+
 /// Each test uses its own port block so tests can run in parallel. All test ports are below
 /// Linux's ephemeral range (32768–60999), where a lingering client socket could hold them.
 fn ports(block: u16) -> (u16, u16) {
@@ -166,12 +206,6 @@ fn ports(block: u16) -> (u16, u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn measured_rtts_match_the_configured_matrix_and_regions_agree() {
     let dir = scratch("rtt");
-    let matrix = dir.path().join("matrix.txt");
-    std::fs::write(
-        &matrix,
-        "intra 2\nred green 40\nred blue 70\ngreen blue 100\n",
-    )
-    .unwrap();
     let expected = |a: &str, b: &str| -> f64 {
         let mut p = [a, b];
         p.sort();
@@ -182,51 +216,15 @@ async fn measured_rtts_match_the_configured_matrix_and_regions_agree() {
             other => panic!("unexpected pair {other:?}"),
         }
     };
-    let lat = matrix.to_str().unwrap();
-    let (rpc, pg) = ports(1);
-    let n1 = start_node(
-        dir.path(),
-        "n1",
+    let matrix = "intra 2\nred green 40\nred blue 70\ngreen blue 100\n";
+    let localities = [
         "region=red,zone=red-a",
-        rpc,
-        pg,
-        None,
-        &["--latency", lat],
-    );
-    let n1_data = n1.data_dir.clone();
-    let secret = n1_data.join("cluster-secret");
-    eventually("node 1 to bootstrap", Duration::from_secs(60), || async {
-        secret.exists().then_some(())
-    })
-    .await;
-    let s = secret.to_str().unwrap().to_string();
-    let join = n1.rpc.clone();
-    let n2 = start_node(
-        dir.path(),
-        "n2",
         "region=green,zone=green-a",
-        rpc + 1,
-        pg + 1,
-        Some(&join),
-        &["--latency", lat, "--secret-file", &s],
-    );
-    let n3 = start_node(
-        dir.path(),
-        "n3",
         "region=blue,zone=blue-a",
-        rpc + 2,
-        pg + 2,
-        Some(&join),
-        &["--latency", lat, "--secret-file", &s],
-    );
-    let nodes = [&n1, &n2, &n3];
+    ];
+    let cluster = start_cluster(dir.path(), 1, matrix, &localities).await;
+    let (n3, nodes) = (&cluster[2], [&cluster[0], &cluster[1], &cluster[2]]);
 
-    for n in nodes {
-        eventually("PostgreSQL on every node", Duration::from_secs(90), || {
-            try_connect(n.pg_port)
-        })
-        .await;
-    }
     // Wait until every node reports all six directed pairs with a full window of samples
     // (median of 9 heartbeats at 500 ms).
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -289,11 +287,7 @@ async fn measured_rtts_match_the_configured_matrix_and_regions_agree() {
             .fetch_one(&mut c)
             .await
             .unwrap();
-    assert_eq!(region, "blue");
-    assert!(
-        id == 2 || id == 3,
-        "nodes 2 and 3 joined concurrently; got id {id}"
-    );
+    assert_eq!((id, region.as_str()), (3, "blue"));
     assert_eq!(version, env!("CARGO_PKG_VERSION"));
 }
 
@@ -764,59 +758,17 @@ async fn rtt(node: &Node, from: i64, to: i64) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
     let dir = scratch("faults");
-    let matrix = dir.path().join("matrix.txt");
-    std::fs::write(
-        &matrix,
-        "intra 2\nred green 20\nred blue 20\ngreen blue 20\n",
+    let matrix = "intra 2\nred green 20\nred blue 20\ngreen blue 20\n";
+    let cluster = start_cluster(
+        dir.path(),
+        5,
+        matrix,
+        &["region=red", "region=green", "region=blue"],
     )
-    .unwrap();
-    let lat = matrix.to_str().unwrap();
-    let (rpc, pg) = ports(5);
-    let n1 = start_node(
-        dir.path(),
-        "n1",
-        "region=red",
-        rpc,
-        pg,
-        None,
-        &["--latency", lat],
-    );
-    eventually("node 1", Duration::from_secs(90), || {
-        try_connect(n1.pg_port)
-    })
     .await;
-    let secret = n1.data_dir.join("cluster-secret");
-    let s = secret.to_str().unwrap().to_string();
-    let join = n1.rpc.clone();
-    let extra = ["--latency", lat, "--secret-file", s.as_str()];
-    let n2 = start_node(
-        dir.path(),
-        "n2",
-        "region=green",
-        rpc + 1,
-        pg + 1,
-        Some(&join),
-        &extra,
-    );
-    eventually("node 2", Duration::from_secs(90), || {
-        try_connect(n2.pg_port)
-    })
-    .await;
-    let n3 = start_node(
-        dir.path(),
-        "n3",
-        "region=blue",
-        rpc + 2,
-        pg + 2,
-        Some(&join),
-        &extra,
-    );
-    eventually("node 3", Duration::from_secs(90), || {
-        try_connect(n3.pg_port)
-    })
-    .await;
+    let (n1, n2, n3) = (&cluster[0], &cluster[1], &cluster[2]);
     eventually("full mesh", Duration::from_secs(30), || async {
-        (sees_live(&n1, 3) && sees_live(&n3, 1) && sees_live(&n2, 1)).then_some(())
+        (sees_live(n1, 3) && sees_live(n3, 1) && sees_live(n2, 1)).then_some(())
     })
     .await;
 
@@ -824,12 +776,12 @@ async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
     let out = pgmr_ok(&["debug", "partition", "--data-dir", &d1, "--peers", "3"]);
     assert!(out.contains("to node 3: partitioned=true"), "{out}");
     eventually("node 3 to lose node 1", Duration::from_secs(15), || async {
-        (!sees_live(&n3, 1)).then_some(())
+        (!sees_live(n3, 1)).then_some(())
     })
     .await;
-    assert!(sees_live(&n1, 3), "node 1 still hears node 3's heartbeats");
+    assert!(sees_live(n1, 3), "node 1 still hears node 3's heartbeats");
     assert!(
-        sees_live(&n2, 1) && sees_live(&n2, 3),
+        sees_live(n2, 1) && sees_live(n2, 3),
         "node 2 is not partitioned"
     );
 
@@ -838,7 +790,7 @@ async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
     eventually(
         "node 3 to see node 1 again",
         Duration::from_secs(15),
-        || async { sees_live(&n3, 1).then_some(()) },
+        || async { sees_live(n3, 1).then_some(()) },
     )
     .await;
 
@@ -857,7 +809,7 @@ async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
         "the extra delay in both measurements",
         Duration::from_secs(20),
         || async {
-            let (a, b) = (rtt(&n1, 1, 2).await?, rtt(&n1, 2, 1).await?);
+            let (a, b) = (rtt(n1, 1, 2).await?, rtt(n1, 2, 1).await?);
             (a > 110.0 && b > 110.0).then_some((a, b))
         },
     )
