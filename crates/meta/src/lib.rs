@@ -17,9 +17,10 @@
 
 mod liveness;
 mod model;
+pub mod placement;
 pub mod snapshot;
 mod state;
 
 pub use liveness::{NodeStatus, DEAD_AFTER_MS, SUSPECT_AFTER_MS};
 pub use model::*;
-pub use state::{ClientId, Command, MetaError, MetaState, Outcome, Proposal};
+pub use state::{ClientId, Command, Event, MetaError, MetaState, Outcome, Proposal, EVENT_LOG_LEN};

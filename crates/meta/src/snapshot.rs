@@ -7,7 +7,10 @@ use crate::MetaState;
 use serde::Deserialize;
 
 /// The format this release writes.
-pub const FORMAT: u32 = 1;
+///
+/// * 1: nodes, databases, table localities, ranges, leases, sessions.
+/// * 2: adds cluster settings and the event log.
+pub const FORMAT: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -30,9 +33,10 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Format 1 is the current one. A format 2 will add an arm that reads format 1's
-        // shape and converts it.
-        1 => Ok(serde_json::from_value(env.state)?),
+        // Format 2 only added fields; format 1 reads as a format 2 state with no settings and
+        // an empty event log (their `#[serde(default)]`). A format that changes a field's
+        // shape adds an arm here that reads the old shape and converts it.
+        1 | 2 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

@@ -61,7 +61,33 @@ pub enum Command {
         expiration_ms: u64,
         expected_sequence: Option<u64>,
     },
+    /// `SET CLUSTER SETTING name = value`; `None` resets it to its default.
+    SetClusterSetting { name: String, value: Option<String> },
 }
+
+impl Command {
+    /// Whether applying it is recorded in the event log. Heartbeats are not: they are
+    /// frequent, and their effect (the latest heartbeat) is in the node record.
+    fn logged(&self) -> bool {
+        !matches!(self, Command::Heartbeat { .. })
+    }
+}
+
+/// One entry of the event log (CockroachDB's `system.eventlog`): a command that took effect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// 1, 2, 3, … in apply order, never reused; gaps appear only at the log's head, where old
+    /// events are dropped.
+    pub id: u64,
+    /// The latest proposer time seen when it applied (Unix ms).
+    pub at_ms: u64,
+    pub client: ClientId,
+    pub seq: u64,
+    pub command: Command,
+}
+
+/// The event log keeps this many of the latest events.
+pub const EVENT_LOG_LEN: usize = 1000;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Proposal {
@@ -99,6 +125,8 @@ pub enum MetaError {
     NoSuchRange { range_id: RangeId },
     #[error("node {holder} holds no voting replica of range {range_id}")]
     NotAVoter { range_id: RangeId, holder: NodeId },
+    #[error("{name:?} is not a valid cluster setting name")]
+    BadSettingName { name: String },
     #[error("proposal {seq} of this client was superseded by proposal {last}; its outcome is no longer known")]
     Superseded { seq: u64, last: u64 },
 }
@@ -137,6 +165,14 @@ pub struct MetaState {
     sessions: BTreeMap<ClientId, Session>,
     /// Latest proposer time seen: the only clock apply knows, used to expire sessions.
     high_water_ms: u64,
+    /// Added in snapshot format 2; empty when read from format 1.
+    #[serde(default)]
+    settings: BTreeMap<String, String>,
+    /// Added in snapshot format 2; empty when read from format 1.
+    #[serde(default)]
+    events: std::collections::VecDeque<Event>,
+    #[serde(default)]
+    last_event_id: u64,
 }
 
 impl MetaState {
@@ -169,6 +205,16 @@ impl MetaState {
     pub fn lease(&self, id: RangeId) -> Option<&Lease> {
         self.leases.get(&id)
     }
+    pub fn cluster_setting(&self, name: &str) -> Option<&str> {
+        self.settings.get(name).map(String::as_str)
+    }
+    pub fn cluster_settings(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    /// The retained event log, oldest first.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.events.iter()
+    }
 
     /// Applies one committed proposal. A proposal already applied for its client returns the
     /// recorded outcome and changes nothing.
@@ -192,6 +238,19 @@ impl MetaState {
             Err(error) => Outcome::Rejected { error },
         };
         let now = self.high_water_ms;
+        if p.command.logged() && !matches!(outcome, Outcome::Rejected { .. }) {
+            self.last_event_id += 1;
+            self.events.push_back(Event {
+                id: self.last_event_id,
+                at_ms: now,
+                client: p.client,
+                seq: p.seq,
+                command: p.command.clone(),
+            });
+            while self.events.len() > EVENT_LOG_LEN {
+                self.events.pop_front();
+            }
+        }
         self.sessions.insert(
             p.client,
             Session {
@@ -361,6 +420,16 @@ impl MetaState {
                 };
                 self.leases.insert(*range_id, lease.clone());
                 Ok(Outcome::Lease { lease })
+            }
+            Command::SetClusterSetting { name, value } => {
+                if name.is_empty() || name.len() > 256 {
+                    return Err(MetaError::BadSettingName { name: name.clone() });
+                }
+                match value {
+                    Some(v) => self.settings.insert(name.clone(), v.clone()),
+                    None => self.settings.remove(name),
+                };
+                Ok(Outcome::Done)
             }
         }
     }
