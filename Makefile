@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check
+.PHONY: demo test setup build check bench-meta
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -18,3 +18,7 @@ build: setup
 check:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+# Benchmarks (not part of `make test`): print medians and p99s; see bench/.
+bench-meta: build
+	cargo bench -p pgmr --bench meta

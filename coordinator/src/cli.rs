@@ -16,9 +16,9 @@ impl Cli {
     /// Default log filter (overridden by `PGMR_LOG`): the demo keeps its terminal clean.
     pub fn log_level(&self) -> &'static str {
         match self.command {
-            Command::Demo(_) | Command::Status(_) | Command::Debug(_) => "warn",
+            Command::Demo(_) | Command::Status(_) | Command::Debug(_) | Command::Node(_) => "warn",
             // sqlx logs server notices at info; they are PostgreSQL's to log, not ours.
-            Command::Start(_) => "info,sqlx=warn",
+            Command::Start(_) => "info,sqlx=warn,openraft=warn",
         }
     }
 }
@@ -34,6 +34,24 @@ pub enum Command {
     /// Inject faults into a running node's outgoing links (for tests and experiments).
     #[command(subcommand)]
     Debug(DebugCommand),
+    /// Manage the cluster's nodes through a running node.
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// List the nodes the cluster records, with liveness and meta group role.
+    Ls(StatusArgs),
+    /// Remove node ID from the cluster for good: it leaves the meta group, stops counting as
+    /// a member, and its pgmr stops. Returns once the meta group no longer includes it.
+    Decommission {
+        /// The node to decommission.
+        id: u64,
+        /// Data directory of any running node (its socket is DATA_DIR/run/pgmr.sock).
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -80,8 +98,8 @@ pub struct StartArgs {
     /// Address other nodes use to reach this one (defaults to --listen).
     #[arg(long, value_parser = parse_host_port)]
     pub advertise: Option<String>,
-    /// RPC addresses of existing nodes, comma-separated. Without it, this node bootstraps a
-    /// new cluster (or, with an existing data dir, rejoins through gossip).
+    /// RPC addresses of existing nodes, comma-separated; any of them can admit this node. Without
+    /// it, this node bootstraps a new cluster (or, with an existing data dir, rejoins).
     #[arg(long, value_delimiter = ',', value_parser = parse_host_port)]
     pub join: Vec<String>,
     /// How long to keep trying the --join addresses before giving up.

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! DATA_DIR/
-//!   node.json        cluster id, node id, and (on the bootstrap node) the next id to hand out
+//!   node.json        cluster id and node id
+//!   meta.redb        the meta Raft group's log, vote and snapshots (meta/store.rs)
 //!   cluster-secret   the shared secret that authenticates inter-node connections (0600)
 //!   pg/              PGDATA, owned by the PostgreSQL OS user
 //!   run/             Unix sockets: PostgreSQL's and pgmr.sock (the local channel)
@@ -19,10 +20,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Identity {
     pub cluster_id: String,
+    /// Given by the meta group when the node joined (1 for the node that bootstrapped it);
+    /// also this node's id in the meta group.
     pub node_id: u64,
-    /// Present only on the node that bootstrapped the cluster: it allocates node ids until the
-    /// meta Raft group takes that over.
-    pub next_node_id: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -168,7 +168,6 @@ mod tests {
         let id = Identity {
             cluster_id: "c".into(),
             node_id: 1,
-            next_node_id: Some(2),
         };
         dd.save_identity(&id).unwrap();
         assert_eq!(dd.load_identity().unwrap(), Some(id));

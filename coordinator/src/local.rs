@@ -77,10 +77,8 @@ async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
         .context("no request within 5 s")?
         .context("closed before sending a request")??;
     let response = match serde_json::from_slice::<LocalRequest>(&frame) {
-        Ok(req) => node.local_request(req),
-        Err(e) => LocalResponse::Error {
-            message: format!("malformed request: {e}"),
-        },
+        Ok(req) => node.local_request(req).await,
+        Err(e) => LocalResponse::error(format!("malformed request: {e}")),
     };
     wire.send(Bytes::from(serde_json::to_vec(&response)?))
         .await?;

@@ -10,6 +10,7 @@ mod demo;
 mod identity;
 mod local;
 mod membership;
+mod meta;
 mod net;
 mod node;
 mod postgres;
@@ -47,6 +48,7 @@ fn main() -> ExitCode {
             cli::Command::Demo(args) => demo::run(args).await,
             cli::Command::Status(args) => status::run(args).await,
             cli::Command::Debug(cmd) => status::debug(cmd).await,
+            cli::Command::Node(cmd) => status::node(cmd).await,
         }
     });
     match result {

@@ -1,14 +1,17 @@
 //! Who is in the cluster, who is alive, and how far apart everyone is.
 //!
-//! Until the meta Raft group exists (issue 3) membership is gossip: every heartbeat and its ack
-//! carry the sender's descriptor, every node it knows, and the RTTs it measured. A node's own
+//! This is the network's view, kept by gossip: who to probe, at which address, and the
+//! measured RTTs. The cluster's record of its nodes (ids, liveness, decommissioning) is the
+//! meta Raft group's ([`crate::meta`]); gossip only finds peers and measures the WAN. Every
+//! heartbeat and its ack carry the sender's descriptor, every node it knows, and the RTTs it
+//! measured. A node's own
 //! descriptor is authoritative about itself; second-hand reports only introduce nodes we did
 //! not know. Each node heartbeats every other, so all views converge within a few intervals.
 
 use mr_topology::Locality;
-use mr_wire::local::{PeerStatus, RegionZones, RttRow};
+use mr_wire::local::{PeerStatus, RttRow};
 use mr_wire::peer::{Gossip, MeasuredRtt, NodeDescriptor};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -179,26 +182,9 @@ impl Membership {
             .collect()
     }
 
-    /// The id of a peer at `addr` that has never been heard from (a join whose answer was lost).
-    pub fn unheard_with_addr(&self, addr: &str) -> Option<u64> {
-        let s = self.lock();
-        s.peers
-            .values()
-            .find(|p| p.desc.rpc_addr == addr && p.last_heard.is_none())
-            .map(|p| p.desc.node_id)
-    }
-
     pub fn knows_addr(&self, addr: &str) -> bool {
         let s = self.lock();
         s.me.rpc_addr == addr || s.peers.values().any(|p| p.desc.rpc_addr == addr)
-    }
-
-    pub fn addr_of(&self, node_id: u64) -> Option<String> {
-        let s = self.lock();
-        if s.me.node_id == node_id {
-            return Some(s.me.rpc_addr.clone());
-        }
-        s.peers.get(&node_id).map(|p| p.desc.rpc_addr.clone())
     }
 
     /// Members (live or not yet given up on), this node included, sorted by node id.
@@ -214,25 +200,6 @@ impl Membership {
         );
         v.sort_by_key(|d| d.node_id);
         v
-    }
-
-    /// `SHOW REGIONS FROM CLUSTER`: each region with its zones, from current membership.
-    pub fn regions(&self) -> Vec<RegionZones> {
-        let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for d in self.members() {
-            if let Ok(l) = Locality::parse(&d.locality) {
-                let zones = map.entry(l.region().to_string()).or_default();
-                if let Some(z) = l.zone() {
-                    zones.insert(z.to_string());
-                }
-            }
-        }
-        map.into_iter()
-            .map(|(region, zones)| RegionZones {
-                region,
-                zones: zones.into_iter().collect(),
-            })
-            .collect()
     }
 
     /// Every ordered pair of members with the RTT the first measured to the second: this
@@ -331,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn gossip_spreads_members_and_regions_agree() {
+    fn gossip_spreads_members() {
         let a = Membership::new(desc(1, "east"));
         let b = Membership::new(desc(2, "west"));
         let c = Membership::new(desc(3, "eu"));
@@ -339,8 +306,6 @@ mod tests {
         a.heard_from(&b.gossip());
         let ids: Vec<u64> = a.members().iter().map(|d| d.node_id).collect();
         assert_eq!(ids, vec![1, 2, 3], "a learned c through b");
-        let regions: Vec<String> = a.regions().into_iter().map(|r| r.region).collect();
-        assert_eq!(regions, vec!["east", "eu", "west"]);
     }
 
     #[test]
@@ -365,6 +330,7 @@ mod tests {
         stale.rpc_addr = "127.0.0.1:1".into();
         a.learn(&[stale]);
         a.heard_from(&Membership::new(desc(2, "west")).gossip());
-        assert_eq!(a.addr_of(2).unwrap(), "127.0.0.1:9002");
+        let b = a.members().into_iter().find(|d| d.node_id == 2).unwrap();
+        assert_eq!(b.rpc_addr, "127.0.0.1:9002");
     }
 }

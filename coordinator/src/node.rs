@@ -3,29 +3,42 @@
 use crate::cli::StartArgs;
 use crate::identity::{random_hex, DataDir, Identity};
 use crate::membership::{Membership, HEARTBEAT_INTERVAL};
+use crate::meta::{Meta, MetaNode, MetaUnavailable};
 use crate::net::{Handler, PeerInfo, RpcError, SelfView, Transport};
 use crate::postgres::{self, PgConfig, PgState};
 use anyhow::{bail, Context, Result};
 use futures::future::BoxFuture;
+use mr_meta::{ClientId, Command, MetaError, Outcome, Proposal};
 use mr_topology::{Locality, RttMatrix};
-use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, NodeInfo, Status};
+use mr_wire::local::{
+    EventRow, LinkFault, LocalRequest, LocalResponse, MemberProgress, MetaGroup, NodeInfo, NodeRow,
+    RegionZones, Status,
+};
 use mr_wire::peer::{NodeDescriptor, PeerRequest, PeerResponse};
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 const JOIN_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often each node records its liveness in the meta group; four missed beats make it
+/// suspect ([`mr_meta::SUSPECT_AFTER_MS`]).
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a linearizable read for the extension may wait for the meta group.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a metadata write may wait to commit, leader elections included.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Node {
     identity: Mutex<Identity>,
-    data: DataDir,
     locality: Locality,
     membership: Membership,
     transport: Transport,
     pg: Arc<PgState>,
+    /// Set once the meta group member has started; before that, Raft traffic is refused.
+    meta: OnceLock<Arc<Meta>>,
     started: Instant,
 }
 
@@ -80,23 +93,22 @@ pub async fn run(args: StartArgs) -> Result<()> {
         .unwrap_or_else(|| args.listen.clone());
     let sql_addr = format!("{listen_host}:{}", args.pg_port);
 
-    let (identity, members) = match stored {
-        Some(id) => (id, Vec::new()),
+    let (identity, members, fresh_bootstrap) = match stored {
+        Some(id) => (id, Vec::new(), false),
         None if bootstrapping => {
             let id = Identity {
                 cluster_id: random_hex(16)?,
                 node_id: 1,
-                next_node_id: Some(2),
             };
             data.save_identity(&id)?;
-            tracing::info!(cluster_id = %id.cluster_id, "bootstrapped a new cluster as node 1");
-            (id, Vec::new())
+            tracing::info!(cluster_id = %id.cluster_id, "bootstrapping a new cluster as node 1");
+            (id, Vec::new(), true)
         }
         None => {
             let (id, members) = join(&transport, &args, &advertise, &sql_addr).await?;
             data.save_identity(&id)?;
             tracing::info!(node_id = id.node_id, cluster_id = %id.cluster_id, "joined the cluster");
-            (id, members)
+            (id, members, false)
         }
     };
     transport
@@ -106,31 +118,61 @@ pub async fn run(args: StartArgs) -> Result<()> {
     let me = NodeDescriptor {
         node_id: identity.node_id,
         rpc_addr: advertise.clone(),
-        sql_addr,
+        sql_addr: sql_addr.clone(),
         locality: args.locality.to_string(),
         pgmr_version: mr_wire::PGMR_VERSION.to_string(),
     };
     let node = Arc::new(Node {
-        identity: Mutex::new(identity),
-        data: data.clone(),
+        identity: Mutex::new(identity.clone()),
         locality: args.locality.clone(),
         membership: Membership::new(me),
         transport: transport.clone(),
         pg: Arc::new(PgState::default()),
+        meta: OnceLock::new(),
         started: Instant::now(),
     });
     node.membership.learn(&members);
     transport.set_handler(node.clone());
+    tokio::spawn(transport.clone().serve(listener));
+
+    let meta = Meta::start(&data.root, identity.node_id, transport.clone()).await?;
+    let _ = node.meta.set(meta.clone());
+    if identity.node_id == 1 && (fresh_bootstrap || !meta.raft.is_initialized().await?) {
+        meta.bootstrap(MetaNode {
+            rpc_addr: advertise.clone(),
+            locality: args.locality.to_string(),
+        })
+        .await?;
+    }
+    if fresh_bootstrap {
+        register_first_node(&meta, &advertise, &sql_addr, &args.locality).await?;
+    }
+    if meta.read(|s| s.node(identity.node_id).is_some_and(|n| n.decommissioned)) {
+        bail!(
+            "node {} was decommissioned; wipe {} to join again as a new node",
+            identity.node_id,
+            data.root.display()
+        );
+    }
 
     let stop = CancellationToken::new();
+    let fatal = CancellationToken::new();
     let local = crate::local::bind(&data.socket(), run_as.map(|(u, _)| u))?;
     tokio::spawn(crate::local::serve(
         local,
         node.clone(),
         run_as.map(|(u, _)| u),
     ));
-    tokio::spawn(transport.clone().serve(listener));
     tokio::spawn(heartbeats(node.clone(), args.join.clone(), stop.clone()));
+    let decommissioned = Arc::new(Mutex::new(None::<String>));
+    tokio::spawn(liveness(
+        node.clone(),
+        advertise.clone(),
+        sql_addr,
+        stop.clone(),
+        fatal.clone(),
+        decommissioned.clone(),
+    ));
 
     let supervisor = postgres::start(pg_cfg, node.pg.clone(), stop.clone()).await?;
     tracing::info!(
@@ -140,16 +182,64 @@ pub async fn run(args: StartArgs) -> Result<()> {
         "node is up"
     );
 
-    wait_for_shutdown(args.die_with_parent).await;
+    tokio::select! {
+        _ = wait_for_shutdown(args.die_with_parent) => {}
+        _ = fatal.cancelled() => {}
+    }
     tracing::info!("shutting down");
     stop.cancel();
     let _ = supervisor.await;
+    let _ = meta.raft.shutdown().await;
     let _ = std::fs::remove_file(data.socket());
+    if let Some(reason) = decommissioned.lock().expect("decommission lock").take() {
+        bail!(reason);
+    }
     Ok(())
 }
 
-/// Asks the --join addresses for a node id, following redirects to the allocating node, until
-/// one answers or `--join-timeout` passes.
+/// Records the bootstrap node as node 1 in the metadata state. Proposed under a fixed
+/// client id and sequence number, so a bootstrap retried after a crash cannot add it twice.
+async fn register_first_node(
+    meta: &Meta,
+    rpc_addr: &str,
+    sql_addr: &str,
+    locality: &Locality,
+) -> Result<()> {
+    let p = Proposal {
+        client: BOOTSTRAP_CLIENT,
+        seq: 1,
+        command: Command::AddNode {
+            rpc_addr: rpc_addr.to_string(),
+            sql_addr: sql_addr.to_string(),
+            locality: locality.to_string(),
+            at_ms: now_ms(),
+        },
+    };
+    match meta
+        .submit(&p, Instant::now() + Duration::from_secs(30))
+        .await?
+    {
+        Outcome::NodeAdded { node_id: 1 } => Ok(()),
+        other => bail!("bootstrapping the metadata group failed: {other:?}"),
+    }
+}
+
+/// The client id under which the bootstrap node registers itself; joining nodes use
+/// `node_id: 0` with their random join token as the incarnation.
+const BOOTSTRAP_CLIENT: ClientId = ClientId {
+    node_id: 0,
+    incarnation: 0,
+};
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Asks the --join addresses to admit this node, following redirects to the meta group's
+/// leader, until one answers or `--join-timeout` passes. The join token is the same on every
+/// retry, so a retry after a lost answer gets the id the first try was given.
 async fn join(
     transport: &Transport,
     args: &StartArgs,
@@ -161,6 +251,7 @@ async fn join(
         rpc_addr: advertise.to_string(),
         sql_addr: sql_addr.to_string(),
         locality: args.locality.to_string(),
+        token: rand::random::<u64>() | 1,
     };
     let mut last_error = String::from("no address tried");
     loop {
@@ -176,11 +267,16 @@ async fn join(
                     let id = Identity {
                         cluster_id,
                         node_id,
-                        next_node_id: None,
                     };
                     return Ok((id, members));
                 }
-                Ok(PeerResponse::Redirect { rpc_addr }) if hops < 3 => {
+                Ok(
+                    PeerResponse::Redirect { rpc_addr }
+                    | PeerResponse::NotLeader {
+                        leader_addr: Some(rpc_addr),
+                        ..
+                    },
+                ) if hops < 5 => {
                     hops += 1;
                     queue.push_front(rpc_addr);
                 }
@@ -191,7 +287,7 @@ async fn join(
                     bail!("{addr} refused to let this node join: {message}")
                 }
                 Err(e @ RpcError::Handshake { .. }) => bail!("cannot join: {e}"),
-                Ok(other) => last_error = format!("{addr}: unexpected answer {other:?}"),
+                Ok(other) => last_error = format!("{addr}: {other:?}"),
                 Err(e) => last_error = e.to_string(),
             }
         }
@@ -202,6 +298,67 @@ async fn join(
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Records this node's liveness in the meta group every [`LIVENESS_INTERVAL`], and runs the
+/// leader's membership upkeep. Stops the node if it learns it was decommissioned.
+async fn liveness(
+    node: Arc<Node>,
+    rpc_addr: String,
+    sql_addr: String,
+    stop: CancellationToken,
+    fatal: CancellationToken,
+    decommissioned: Arc<Mutex<Option<String>>>,
+) {
+    let meta = node.meta().clone();
+    let me = node.id();
+    let mut tick = tokio::time::interval(LIVENESS_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Upkeep runs on its own task so that a slow membership change never delays heartbeats.
+    {
+        let (meta, stop) = (meta.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(LIVENESS_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.cancelled() => return,
+                }
+                if let Err(e) = meta.reconcile(now_ms()).await {
+                    tracing::debug!("metadata membership upkeep: {e}");
+                }
+            }
+        });
+    }
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let beat = Command::Heartbeat {
+            node_id: me,
+            rpc_addr: rpc_addr.clone(),
+            sql_addr: sql_addr.clone(),
+            at_ms: now_ms(),
+        };
+        match meta.propose(beat, LIVENESS_INTERVAL * 3).await {
+            Ok(Outcome::Rejected {
+                error: MetaError::Decommissioned { .. },
+            }) => {
+                let reason =
+                    format!("node {me} was decommissioned; its data dir can no longer be used");
+                tracing::error!("{reason}");
+                *decommissioned.lock().expect("decommission lock") = Some(reason);
+                fatal.cancel();
+                return;
+            }
+            Ok(Outcome::Rejected { error }) => {
+                tracing::warn!("liveness heartbeat refused: {error}")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("liveness heartbeat: {e}"),
+        }
     }
 }
 
@@ -284,6 +441,12 @@ impl Node {
         self.identity.lock().expect("identity lock").node_id
     }
 
+    fn meta(&self) -> &Arc<Meta> {
+        self.meta
+            .get()
+            .expect("the meta group starts before requests are served")
+    }
+
     fn info(&self) -> NodeInfo {
         let id = self.identity.lock().expect("identity lock").clone();
         let me = self.membership.me();
@@ -302,21 +465,182 @@ impl Node {
         }
     }
 
-    pub fn local_request(&self, req: LocalRequest) -> LocalResponse {
+    pub async fn local_request(&self, req: LocalRequest) -> LocalResponse {
         match req {
             LocalRequest::NodeInfo => LocalResponse::NodeInfo(self.info()),
             LocalRequest::NetworkLatency => LocalResponse::NetworkLatency {
                 rows: self.membership.rtt_rows(),
             },
-            LocalRequest::ClusterRegions => LocalResponse::ClusterRegions {
-                regions: self.membership.regions(),
-            },
+            LocalRequest::ClusterRegions => {
+                self.read(|s, now| LocalResponse::ClusterRegions {
+                    regions: cluster_regions(s, now),
+                })
+                .await
+            }
             LocalRequest::Status => LocalResponse::Status(Status {
                 node: self.info(),
                 peers: self.membership.peer_status(),
                 faults: self.transport.link().faults(),
             }),
             LocalRequest::SetLinkFaults { peers, fault } => self.set_link_faults(peers, fault),
+            LocalRequest::Nodes => {
+                let m = self.meta().metrics();
+                let membership = m.membership_config.membership().clone();
+                let voters: BTreeSet<u64> = membership.voter_ids().collect();
+                let learners: BTreeSet<u64> = membership.learner_ids().collect();
+                self.read(move |s, now| LocalResponse::Nodes {
+                    nodes: s
+                        .nodes()
+                        .map(|n| node_row(n, now, &voters, &learners))
+                        .collect(),
+                })
+                .await
+            }
+            LocalRequest::MetaGroup => LocalResponse::MetaGroup(self.meta_group().await),
+            LocalRequest::Decommission { node_id } => self.decommission(node_id).await,
+            LocalRequest::SetClusterSetting { name, value } => {
+                self.write(Command::SetClusterSetting { name, value }).await
+            }
+            LocalRequest::ClusterSettings => {
+                self.read(|s, _| LocalResponse::ClusterSettings {
+                    settings: s
+                        .cluster_settings()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                })
+                .await
+            }
+            LocalRequest::EventLog => {
+                self.read(|s, _| LocalResponse::EventLog {
+                    events: s.events().map(event_row).collect(),
+                })
+                .await
+            }
+        }
+    }
+
+    /// A linearizable read of the metadata state: `f` sees every write acknowledged before
+    /// the request arrived. `f` also gets this node's clock (Unix ms) for liveness.
+    async fn read(
+        &self,
+        f: impl FnOnce(&mr_meta::MetaState, u64) -> LocalResponse,
+    ) -> LocalResponse {
+        let meta = self.meta();
+        match meta.linearizable(READ_TIMEOUT).await {
+            Ok(()) => meta.read(|s| f(s, now_ms())),
+            Err(e) => unavailable(e),
+        }
+    }
+
+    async fn write(&self, command: Command) -> LocalResponse {
+        match self.meta().propose(command, WRITE_TIMEOUT).await {
+            Ok(Outcome::Rejected { error }) => LocalResponse::error(error.to_string()),
+            Ok(_) => LocalResponse::Done,
+            Err(e) => unavailable(e),
+        }
+    }
+
+    /// Marks the node decommissioned, then waits until the leader has taken it out of the
+    /// meta group, so that when this returns the node no longer votes or counts.
+    async fn decommission(&self, node_id: u64) -> LocalResponse {
+        match self.write(Command::Decommission { node_id }).await {
+            LocalResponse::Done => {}
+            other => return other,
+        }
+        let deadline = Instant::now() + WRITE_TIMEOUT * 3;
+        let meta = self.meta();
+        loop {
+            let m = meta.metrics();
+            let still = m
+                .membership_config
+                .membership()
+                .nodes()
+                .any(|(id, _)| *id == node_id);
+            if !still {
+                return LocalResponse::Done;
+            }
+            if Instant::now() >= deadline {
+                return LocalResponse::Error {
+                    message: format!(
+                        "node {node_id} is decommissioned but still in the metadata group; \
+                         the leader removes it once a quorum is reachable"
+                    ),
+                    retryable: true,
+                    ambiguous: false,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The meta group as this node sees it, with replication progress from the leader.
+    async fn meta_group(&self) -> MetaGroup {
+        let meta = self.meta();
+        let m = meta.metrics();
+        let membership = m.membership_config.membership().clone();
+        let voters: Vec<u64> = membership.voter_ids().collect();
+        let learners: Vec<u64> = membership.learner_ids().collect();
+        let commit_index = meta
+            .raft
+            .with_raft_state(|st| st.committed.map(|l| l.index))
+            .await
+            .ok()
+            .flatten();
+        let progress = match m.current_leader {
+            Some(l) if l == m.id => Some(meta.serve_progress().await),
+            Some(l) => match membership.get_node(&l) {
+                Some(n) => self
+                    .transport
+                    .call(
+                        &n.rpc_addr,
+                        PeerRequest::MetaProgress,
+                        Duration::from_secs(2),
+                    )
+                    .await
+                    .ok(),
+                None => None,
+            },
+            None => None,
+        };
+        let mut members = Vec::new();
+        if let Some(PeerResponse::MetaProgress {
+            last_log_index,
+            matched,
+            ..
+        }) = progress
+        {
+            let matched: BTreeMap<u64, Option<u64>> = matched.into_iter().collect();
+            for id in voters.iter().chain(learners.iter()) {
+                let role = if voters.contains(id) {
+                    "voter"
+                } else {
+                    "learner"
+                };
+                // The leader is not in its own replication map: it has everything.
+                let matched_index = if Some(*id) == m.current_leader {
+                    Some(last_log_index)
+                } else {
+                    matched.get(id).copied().flatten()
+                };
+                members.push(MemberProgress {
+                    node_id: *id,
+                    role: role.into(),
+                    matched_index,
+                    lag: last_log_index.saturating_sub(matched_index.unwrap_or(0)),
+                });
+            }
+        }
+        MetaGroup {
+            node_id: m.id,
+            state: format!("{:?}", m.state).to_lowercase(),
+            leader: m.current_leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            commit_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            voters,
+            learners,
+            members,
         }
     }
 
@@ -326,7 +650,7 @@ impl Node {
         let link = self.transport.link();
         if let Some(f) = &fault {
             if let Err(message) = f.validate() {
-                return LocalResponse::Error { message };
+                return LocalResponse::error(message);
             }
         }
         match (peers.is_empty(), &fault) {
@@ -349,78 +673,217 @@ impl Node {
             faults: link.faults(),
         }
     }
+}
 
-    /// Hands out the next node id. Only the bootstrap node allocates (until the meta Raft group
-    /// takes over); a retried join from the same address that has not yet been heard from
-    /// gets the id it was given before, so a lost answer does not burn ids.
-    fn allocate(&self, rpc_addr: &str, sql_addr: &str, locality: &str) -> PeerResponse {
-        if let Err(e) = Locality::parse(locality) {
-            return PeerResponse::Error {
-                message: format!("bad locality: {e}"),
-                retryable: false,
-            };
+fn unavailable(e: MetaUnavailable) -> LocalResponse {
+    LocalResponse::Error {
+        message: e.to_string(),
+        retryable: matches!(e, MetaUnavailable::Retryable(_)),
+        ambiguous: matches!(e, MetaUnavailable::Ambiguous(_)),
+    }
+}
+
+/// `SHOW REGIONS FROM CLUSTER`: regions and zones of the nodes that are members (live or
+/// suspect; dead and decommissioned nodes do not count).
+fn cluster_regions(s: &mr_meta::MetaState, now: u64) -> Vec<RegionZones> {
+    let mut map: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for n in s.nodes() {
+        if !matches!(
+            n.status(now),
+            mr_meta::NodeStatus::Live | mr_meta::NodeStatus::Suspect
+        ) {
+            continue;
         }
-        let mut id = self.identity.lock().expect("identity lock");
-        let Some(next) = id.next_node_id else {
-            return match self.membership.addr_of(1) {
-                Some(rpc_addr) => PeerResponse::Redirect { rpc_addr },
-                None => PeerResponse::Error {
-                    message: "this node does not know the allocating node yet".into(),
-                    retryable: true,
-                },
-            };
-        };
-        let node_id = match self.membership.unheard_with_addr(rpc_addr) {
-            Some(existing) => existing,
-            None => {
-                let mut updated = id.clone();
-                updated.next_node_id = Some(next + 1);
-                if let Err(e) = self.data.save_identity(&updated) {
-                    return PeerResponse::Error {
-                        message: format!("{e:#}"),
-                        retryable: true,
-                    };
-                }
-                *id = updated;
-                next
+        if let Ok(l) = Locality::parse(&n.locality) {
+            let zones = map.entry(l.region().to_string()).or_default();
+            if let Some(z) = l.zone() {
+                zones.insert(z.to_string());
             }
-        };
-        let desc = NodeDescriptor {
-            node_id,
-            rpc_addr: rpc_addr.to_string(),
-            sql_addr: sql_addr.to_string(),
-            locality: locality.to_string(),
-            pgmr_version: String::new(),
-        };
-        self.membership.learn(&[desc]);
-        PeerResponse::Joined {
-            node_id,
-            cluster_id: id.cluster_id.clone(),
-            members: self.membership.members(),
         }
+    }
+    map.into_iter()
+        .map(|(region, zones)| RegionZones {
+            region,
+            zones: zones.into_iter().collect(),
+        })
+        .collect()
+}
+
+fn node_row(
+    n: &mr_meta::NodeRecord,
+    now: u64,
+    voters: &BTreeSet<u64>,
+    learners: &BTreeSet<u64>,
+) -> NodeRow {
+    let loc = Locality::parse(&n.locality).ok();
+    let role = if voters.contains(&n.node_id) {
+        "voter"
+    } else if learners.contains(&n.node_id) {
+        "learner"
+    } else {
+        "none"
+    };
+    NodeRow {
+        node_id: n.node_id,
+        rpc_addr: n.rpc_addr.clone(),
+        sql_addr: n.sql_addr.clone(),
+        locality: n.locality.clone(),
+        region: loc
+            .as_ref()
+            .map(|l| l.region().to_string())
+            .unwrap_or_default(),
+        zone: loc.as_ref().and_then(|l| l.zone().map(str::to_string)),
+        joined_at_ms: n.joined_at_ms,
+        last_heartbeat_ms: n.last_heartbeat_ms,
+        status: serde_json::to_value(n.status(now))
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        meta_role: role.into(),
+    }
+}
+
+fn event_row(e: &mr_meta::Event) -> EventRow {
+    let info = serde_json::to_value(&e.command).unwrap_or_default();
+    EventRow {
+        id: e.id,
+        at_ms: e.at_ms,
+        node_id: e.client.node_id,
+        seq: e.seq,
+        event_type: info
+            .get("op")
+            .and_then(|v| v.as_str())
+            .unwrap_or("unknown")
+            .to_string(),
+        info: info.to_string(),
+    }
+}
+
+/// Admits a joining node: the leader records it (exactly once per join token) and adds it to
+/// the meta group as a learner; other nodes send the joiner to the leader.
+async fn admit(
+    meta: Arc<Meta>,
+    cluster_id: String,
+    members: Vec<NodeDescriptor>,
+    rpc_addr: String,
+    sql_addr: String,
+    locality: String,
+    token: u64,
+) -> PeerResponse {
+    if let Err(e) = Locality::parse(&locality) {
+        return PeerResponse::Error {
+            message: format!("bad locality: {e}"),
+            retryable: false,
+        };
+    }
+    let m = meta.metrics();
+    if m.state != openraft::ServerState::Leader {
+        let leader_addr = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.rpc_addr.clone())
+        });
+        return PeerResponse::NotLeader {
+            leader_id: m.current_leader,
+            leader_addr,
+        };
+    }
+    let p = Proposal {
+        client: ClientId {
+            node_id: 0,
+            incarnation: token,
+        },
+        seq: 1,
+        command: Command::AddNode {
+            rpc_addr: rpc_addr.clone(),
+            sql_addr,
+            locality: locality.clone(),
+            at_ms: now_ms(),
+        },
+    };
+    let node_id = match meta.submit(&p, Instant::now() + JOIN_CALL_TIMEOUT).await {
+        Ok(Outcome::NodeAdded { node_id }) => node_id,
+        Ok(other) => {
+            return PeerResponse::Error {
+                message: format!("cannot add the node: {other:?}"),
+                retryable: false,
+            }
+        }
+        Err(e) => {
+            return PeerResponse::Error {
+                message: e.to_string(),
+                retryable: true,
+            }
+        }
+    };
+    let node = MetaNode { rpc_addr, locality };
+    if let Err(e) = meta.raft.add_learner(node_id, node, false).await {
+        // The leader's upkeep adds it later; the joiner can start either way.
+        tracing::warn!(node_id, "could not add the new node as a learner yet: {e}");
+    }
+    PeerResponse::Joined {
+        node_id,
+        cluster_id,
+        members,
     }
 }
 
 impl Handler for Node {
     fn handle(&self, peer: PeerInfo, req: PeerRequest) -> BoxFuture<'static, PeerResponse> {
-        let resp = match req {
+        let not_ready = || PeerResponse::Error {
+            message: "this node's metadata group member is still starting".into(),
+            retryable: true,
+        };
+        let Some(meta) = self.meta.get().cloned() else {
+            return match req {
+                PeerRequest::Heartbeat(g) => {
+                    self.membership.heard_from(&g);
+                    let ack = PeerResponse::HeartbeatAck(self.membership.gossip());
+                    Box::pin(async move { ack })
+                }
+                _ => Box::pin(async move { not_ready() }),
+            };
+        };
+        match req {
             PeerRequest::Heartbeat(g) => {
                 self.membership.heard_from(&g);
-                PeerResponse::HeartbeatAck(self.membership.gossip())
+                let ack = PeerResponse::HeartbeatAck(self.membership.gossip());
+                Box::pin(async move { ack })
             }
             PeerRequest::Join {
                 rpc_addr,
                 sql_addr,
                 locality,
-            } => self.allocate(&rpc_addr, &sql_addr, &locality),
+                token,
+            } => {
+                let cluster_id = self
+                    .identity
+                    .lock()
+                    .expect("identity lock")
+                    .cluster_id
+                    .clone();
+                let members = self.membership.members();
+                Box::pin(admit(
+                    meta, cluster_id, members, rpc_addr, sql_addr, locality, token,
+                ))
+            }
+            PeerRequest::Raft { to, kind, body, .. } => {
+                Box::pin(async move { meta.serve_raft(to, kind, body).await })
+            }
+            PeerRequest::MetaPropose { proposal } => {
+                Box::pin(async move { meta.serve_propose(proposal).await })
+            }
+            PeerRequest::MetaReadIndex => Box::pin(async move { meta.serve_read_index().await }),
+            PeerRequest::MetaProgress => Box::pin(async move { meta.serve_progress().await }),
             PeerRequest::Unknown => {
                 tracing::warn!(node = ?peer.node_id, locality = %peer.locality, "a peer sent a request this version does not know");
-                PeerResponse::Error {
+                let resp = PeerResponse::Error {
                     message: format!("pgmr {} does not serve this request", mr_wire::PGMR_VERSION),
                     retryable: false,
-                }
+                };
+                Box::pin(async move { resp })
             }
-        };
-        Box::pin(async move { resp })
+        }
     }
 }

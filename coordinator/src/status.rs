@@ -1,20 +1,24 @@
 //! `pgmr status`: a node's view of itself and its peers, over the local channel.
 
-use crate::cli::{DebugCommand, StatusArgs};
-use anyhow::{anyhow, Result};
+use crate::cli::{DebugCommand, NodeCommand, StatusArgs};
+use anyhow::{anyhow, bail, Result};
 use mr_wire::framing::call_local;
-use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, Status};
+use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, MetaGroup, Status};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// One request to the pgmr whose local socket is `socket`.
 async fn ask(socket: &Path, req: LocalRequest) -> Result<LocalResponse> {
-    let socket: PathBuf = socket.to_path_buf();
-    Ok(tokio::task::spawn_blocking(move || {
-        call_local(&socket, &req, Duration::from_secs(2), || true)
-    })
-    .await??)
+    ask_within(socket, req, Duration::from_secs(2)).await
 }
+
+/// As [`ask`], for requests that go through the meta group and may wait for an election.
+async fn ask_within(socket: &Path, req: LocalRequest, timeout: Duration) -> Result<LocalResponse> {
+    let socket: PathBuf = socket.to_path_buf();
+    Ok(tokio::task::spawn_blocking(move || call_local(&socket, &req, timeout, || true)).await??)
+}
+
+const META_TIMEOUT: Duration = Duration::from_secs(15);
 
 fn socket_of(data_dir: &Path) -> PathBuf {
     data_dir.join("run").join("pgmr.sock")
@@ -24,15 +28,31 @@ fn socket_of(data_dir: &Path) -> PathBuf {
 pub async fn fetch(socket: &Path) -> Result<Status> {
     match ask(socket, LocalRequest::Status).await? {
         LocalResponse::Status(s) => Ok(s),
-        LocalResponse::Error { message } => Err(anyhow!(message)),
+        LocalResponse::Error { message, .. } => Err(anyhow!(message)),
+        other => Err(anyhow!("unexpected answer {other:?}")),
+    }
+}
+
+pub async fn meta_group(socket: &Path) -> Result<MetaGroup> {
+    match ask_within(socket, LocalRequest::MetaGroup, META_TIMEOUT).await? {
+        LocalResponse::MetaGroup(g) => Ok(g),
+        LocalResponse::Error { message, .. } => Err(anyhow!(message)),
         other => Err(anyhow!("unexpected answer {other:?}")),
     }
 }
 
 pub async fn run(args: StatusArgs) -> Result<()> {
-    let s = fetch(&socket_of(&args.data_dir)).await?;
+    let socket = socket_of(&args.data_dir);
+    let s = fetch(&socket).await?;
+    // The meta group may be unreachable (a partition); the node's own view still prints.
+    let g = meta_group(&socket).await;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        let mut v = serde_json::to_value(&s)?;
+        match &g {
+            Ok(g) => v["meta"] = serde_json::to_value(g)?,
+            Err(e) => v["meta_error"] = e.to_string().into(),
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let n = &s.node;
@@ -69,7 +89,82 @@ pub async fn run(args: StatusArgs) -> Result<()> {
             f.partitioned, f.drop_rate, f.extra_delay_ms
         );
     }
+    match g {
+        Ok(g) => print_meta(&g),
+        Err(e) => println!("meta group: unavailable ({e})"),
+    }
     Ok(())
+}
+
+fn print_meta(g: &MetaGroup) {
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    println!(
+        "meta group: this node is {}, leader {}, term {}, commit {}, applied {}, last log {}",
+        g.state,
+        opt(g.leader),
+        g.term,
+        opt(g.commit_index),
+        opt(g.applied_index),
+        opt(g.last_log_index)
+    );
+    println!("  voters {:?}  learners {:?}", g.voters, g.learners);
+    if g.members.is_empty() {
+        println!("  (no replication progress: no leader answered)");
+    }
+    for m in &g.members {
+        println!(
+            "  {:>6}  {:<8} matched {:>8}  lag {:>6}",
+            m.node_id,
+            m.role,
+            opt(m.matched_index),
+            m.lag
+        );
+    }
+}
+
+/// `pgmr node ls|decommission`.
+pub async fn node(cmd: NodeCommand) -> Result<()> {
+    match cmd {
+        NodeCommand::Ls(args) => {
+            let nodes = match ask_within(
+                &socket_of(&args.data_dir),
+                LocalRequest::Nodes,
+                META_TIMEOUT,
+            )
+            .await?
+            {
+                LocalResponse::Nodes { nodes } => nodes,
+                LocalResponse::Error { message, .. } => bail!(message),
+                other => bail!("unexpected answer {other:?}"),
+            };
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&nodes)?);
+                return Ok(());
+            }
+            println!(
+                "{:>4}  {:<40} {:<22} {:<15} {:<8}",
+                "id", "locality", "rpc", "status", "meta"
+            );
+            for n in nodes {
+                println!(
+                    "{:>4}  {:<40} {:<22} {:<15} {:<8}",
+                    n.node_id, n.locality, n.rpc_addr, n.status, n.meta_role
+                );
+            }
+            Ok(())
+        }
+        NodeCommand::Decommission { id, data_dir } => {
+            let req = LocalRequest::Decommission { node_id: id };
+            match ask_within(&socket_of(&data_dir), req, Duration::from_secs(60)).await? {
+                LocalResponse::Done => {
+                    println!("node {id} is decommissioned and has left the meta group");
+                    Ok(())
+                }
+                LocalResponse::Error { message, .. } => bail!(message),
+                other => bail!("unexpected answer {other:?}"),
+            }
+        }
+    }
 }
 
 /// `pgmr debug partition|fault|heal`: changes a node's link faults and prints those in force.
@@ -114,7 +209,7 @@ pub async fn debug(cmd: DebugCommand) -> Result<()> {
             }
             Ok(())
         }
-        LocalResponse::Error { message } => Err(anyhow!(message)),
+        LocalResponse::Error { message, .. } => Err(anyhow!(message)),
         other => Err(anyhow!("unexpected answer {other:?}")),
     }
 }

@@ -4,200 +4,14 @@
 //! They need PostgreSQL 15 and the installed extension (`make test` installs both) and run
 //! PostgreSQL as the `postgres` OS user when run as root.
 
+mod common;
+
+use common::*;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::{ConnectOptions, Row};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-const PGMR: &str = env!("CARGO_BIN_EXE_pgmr");
-
-/// One `pgmr start` child; stopped (SIGTERM, so it stops its PostgreSQL) when dropped.
-struct Node {
-    child: Child,
-    pg_port: u16,
-    rpc: String,
-    data_dir: PathBuf,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- pgmr log of {} ---\n{}",
-                self.data_dir.display(),
-                self.log()
-            );
-            let pg =
-                std::fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
-            eprintln!("--- postgres log ---\n{pg}");
-        }
-        let pid = Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGTERM);
-        // A test that failed while pgmr was stopped must not leave it stopped: it would never
-        // act on the SIGTERM, and its PostgreSQL would outlive the test holding the port.
-        let _ = kill(pid, Signal::SIGCONT);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-    }
-}
-
-impl Node {
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.data_dir.join("pgmr.log")).unwrap_or_default()
-    }
-
-    async fn sql(&self) -> PgConnection {
-        PgConnectOptions::new()
-            .host("127.0.0.1")
-            .port(self.pg_port)
-            .username("postgres")
-            .database("postgres")
-            .connect()
-            .await
-            .unwrap_or_else(|e| panic!("connect to node on {}: {e}\n{}", self.pg_port, self.log()))
-    }
-}
-
-/// A scratch directory the PostgreSQL OS user can traverse.
-fn scratch(name: &str) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("pgmr-test-{name}-"))
-        .tempdir()
-        .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
-}
-
-fn start_node(
-    dir: &Path,
-    name: &str,
-    locality: &str,
-    rpc_port: u16,
-    pg_port: u16,
-    join: Option<&str>,
-    extra: &[&str],
-) -> Node {
-    let data_dir = dir.join(name);
-    std::fs::create_dir_all(&data_dir).unwrap();
-    let log = std::fs::File::create(data_dir.join("pgmr.log")).unwrap();
-    let rpc = format!("127.0.0.1:{rpc_port}");
-    let mut cmd = Command::new(PGMR);
-    cmd.args([
-        "start",
-        "--locality",
-        locality,
-        "--listen",
-        &rpc,
-        "--ephemeral",
-        "--die-with-parent",
-    ])
-    .arg("--data-dir")
-    .arg(&data_dir)
-    .args(["--pg-port", &pg_port.to_string()])
-    .args(extra)
-    .stdin(Stdio::null())
-    .stdout(log.try_clone().unwrap())
-    .stderr(log);
-    if let Some(j) = join {
-        cmd.args(["--join", j]);
-    }
-    Node {
-        child: cmd.spawn().expect("spawn pgmr"),
-        pg_port,
-        rpc,
-        data_dir,
-    }
-}
-
-/// Polls `f` until it yields a value or `timeout` passes.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// A connection to the node's PostgreSQL once pgmr reports it ready (accepting connections,
-/// extension created), as `pgmr demo` waits for it.
-async fn try_connect(port: u16) -> Option<PgConnection> {
-    let mut c = PgConnectOptions::new()
-        .host("127.0.0.1")
-        .port(port)
-        .username("postgres")
-        .database("postgres")
-        .connect()
-        .await
-        .ok()?;
-    let pid: Option<i32> = sqlx::query_scalar("SELECT postmaster_pid FROM multiregion.node_info()")
-        .fetch_one(&mut c)
-        .await
-        .ok()?;
-    pid.map(|_| c)
-}
-
-/// Starts one node per locality from port block `block`, all simulating the latency matrix
-/// `matrix` (file text), one after another so that node N has the Nth locality, and returns
-/// once each serves SQL. Node 1 bootstraps; the others join it with its secret.
-async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&str]) -> Vec<Node> {
-    let matrix_file = dir.join("matrix.txt");
-    std::fs::write(&matrix_file, matrix).unwrap();
-    let lat = matrix_file.to_str().unwrap();
-    let (rpc, pg) = ports(block);
-    let mut nodes: Vec<Node> = Vec::new();
-    for (i, locality) in localities.iter().enumerate() {
-        let i16 = i as u16;
-        let name = format!("n{}", i + 1);
-        let node = match nodes.first() {
-            None => start_node(dir, &name, locality, rpc, pg, None, &["--latency", lat]),
-            Some(first) => {
-                let secret = first.data_dir.join("cluster-secret");
-                let extra = ["--latency", lat, "--secret-file", secret.to_str().unwrap()];
-                let join = first.rpc.clone();
-                start_node(
-                    dir,
-                    &name,
-                    locality,
-                    rpc + i16,
-                    pg + i16,
-                    Some(&join),
-                    &extra,
-                )
-            }
-        };
-        eventually(
-            &format!("node {} to serve SQL", i + 1),
-            Duration::from_secs(90),
-            || try_connect(node.pg_port),
-        )
-        .await;
-        nodes.push(node);
-    }
-    nodes
-}
-
-/// Each test uses its own port block so tests can run in parallel. All test ports are below
-/// Linux's ephemeral range (32768–60999), where a lingering client socket could hold them.
-fn ports(block: u16) -> (u16, u16) {
-    (21000 + block * 10, 22000 + block * 10)
-}
+use sqlx::Row;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// The RTTs `multiregion.network_latency()` reports between three nodes in three regions are
 /// within ±25% of the configured matrix, in both directions of every pair, and
@@ -613,50 +427,6 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     );
 }
 
-/// SIGSTOPs `pid` and returns once every one of its threads is stopped. `kill` only queues the
-/// stop: it takes effect when the thread chosen to receive it next runs, and until then the
-/// process's other threads keep running (seen on a loaded CI machine: a tokio worker answered
-/// a request after `kill` had returned).
-async fn stop_process(pid: Pid) {
-    kill(pid, Signal::SIGSTOP).unwrap();
-    let all_stopped = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .all(|t| {
-                let stat =
-                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
-                // The state is the first field after the parenthesised command name.
-                matches!(
-                    stat.rsplit(')')
-                        .next()
-                        .and_then(|r| r.split_whitespace().next()),
-                    Some("T" | "t")
-                )
-            })
-    };
-    eventually("every thread to stop", Duration::from_secs(10), || async {
-        all_stopped().then_some(())
-    })
-    .await;
-}
-
-/// Runs `sql`, which must fail within 5 s; returns (SQLSTATE, message). The outer 10 s timeout
-/// turns a hang, the bug these checks exist for, into a failure.
-async fn fails_within(c: &mut PgConnection, sql: &str) -> (String, String) {
-    let started = Instant::now();
-    let err = tokio::time::timeout(Duration::from_secs(10), sqlx::query(sql).execute(c))
-        .await
-        .unwrap_or_else(|_| panic!("{sql} hung"))
-        .expect_err("must fail");
-    let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(5), "{sql} took {waited:?}");
-    let db = err.as_database_error().expect("a SQL error");
-    (
-        db.code().unwrap_or_default().to_string(),
-        db.message().to_string(),
-    )
-}
-
 /// A pgmr that stops answering (SIGSTOP: its socket still accepts connections) cannot hang a
 /// backend: `node_info()` fails with 08006 after `multiregion.sidecar_timeout`, and a
 /// `statement_timeout` shorter than that cancels the wait with PostgreSQL's own 57014.
@@ -705,21 +475,6 @@ async fn a_stuck_pgmr_cannot_hang_a_backend() {
         ["a"],
         "the same backend works again once pgmr answers"
     );
-}
-
-/// Runs `pgmr` and returns its stdout, failing the test if it fails.
-fn pgmr_ok(args: &[&str]) -> String {
-    let out = Command::new(PGMR)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "pgmr {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Whether `node` (by data dir) currently sees `peer` as live, from `pgmr status --json`.

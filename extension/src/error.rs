@@ -39,6 +39,19 @@ pub enum MrError {
     /// pgmr understood the request but could not serve it.
     #[error("the pgmr sidecar could not serve the request: {0}")]
     Sidecar(String),
+    /// pgmr gave up on the request before changing anything (e.g. no meta leader in time), so
+    /// the client may simply send it again: a serialization failure by PostgreSQL's rules.
+    #[error("{0}")]
+    Retryable(String),
+    /// A metadata write may or may not have committed, e.g. the leader was lost after
+    /// proposing it; the client must look before it tries again.
+    #[error("{0}")]
+    Ambiguous(String),
+    /// `SET CLUSTER SETTING` changes every node, so it is reserved to superusers.
+    #[error("only superusers are allowed to SET CLUSTER SETTING")]
+    NotSuperuser,
+    #[error("the name of a cluster setting must not be NULL or empty")]
+    SettingNameMissing,
     #[error("the pgmr sidecar answered a {request} request with a {response} response")]
     UnexpectedResponse {
         request: &'static str,
@@ -46,6 +59,8 @@ pub enum MrError {
     },
     #[error("the pgmr sidecar sent {field} = {value}, which is out of range")]
     OutOfRange { field: &'static str, value: u64 },
+    #[error("the pgmr sidecar sent event {id} with info that is not JSON: {reason}")]
+    MalformedEventInfo { id: u64, reason: String },
 }
 
 impl MrError {
@@ -63,9 +78,13 @@ impl MrError {
             MrError::Timeout { .. } | MrError::Broken { .. } => ERRCODE_CONNECTION_FAILURE,
             MrError::Interrupted => ERRCODE_QUERY_CANCELED,
             MrError::Sidecar(_) => ERRCODE_SYSTEM_ERROR,
-            MrError::UnexpectedResponse { .. } | MrError::OutOfRange { .. } => {
-                ERRCODE_INTERNAL_ERROR
-            }
+            MrError::Retryable(_) => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
+            MrError::NotSuperuser => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            MrError::SettingNameMissing => ERRCODE_INVALID_PARAMETER_VALUE,
+            MrError::UnexpectedResponse { .. }
+            | MrError::OutOfRange { .. }
+            | MrError::MalformedEventInfo { .. } => ERRCODE_INTERNAL_ERROR,
         }
     }
 
@@ -98,11 +117,21 @@ impl MrError {
                  multiregion.sidecar_timeout.",
             ),
             MrError::Broken { .. } => Some("pgmr may have restarted: check its log on this node."),
-            MrError::UnexpectedResponse { .. } | MrError::OutOfRange { .. } => Some(
+            MrError::UnexpectedResponse { .. }
+            | MrError::OutOfRange { .. }
+            | MrError::MalformedEventInfo { .. } => Some(
                 "pgmr and the pg_multiregion extension may be from different releases; install \
                  matching versions.",
             ),
-            MrError::Interrupted | MrError::Sidecar(_) => None,
+            MrError::Retryable(_) => Some("Nothing was changed; retry the statement."),
+            MrError::Ambiguous(_) => {
+                Some("The change may or may not have been applied; check before retrying.")
+            }
+            MrError::SettingNameMissing => Some(
+                "Pass the setting's name first and its value second; a NULL value resets the \
+                 setting.",
+            ),
+            MrError::Interrupted | MrError::Sidecar(_) | MrError::NotSuperuser => None,
         }
     }
 

@@ -1,12 +1,20 @@
 //! The client side of the local channel: one request to this node's pgmr, one response.
 //!
 //! Every call is bounded by `multiregion.sidecar_timeout` and polls for query cancellation
-//! while it waits, so neither a missing nor a stuck pgmr can hang a backend.
+//! while it waits, so neither a missing nor a stuck pgmr can hang a backend. Calls that pgmr
+//! serves through the meta Raft group wait at least [`META_TIMEOUT`].
 
 use crate::error::MrError;
 use crate::gucs;
 use mr_wire::framing::{call_local, LocalCallError};
-use mr_wire::local::{LocalRequest, LocalResponse, NodeInfo, RegionZones, RttRow};
+use mr_wire::local::{
+    EventRow, LocalRequest, LocalResponse, MetaGroup, NodeInfo, NodeRow, RegionZones, RttRow,
+};
+use std::time::Duration;
+
+/// The least time a meta group call gets: pgmr may wait up to 10 s for a leader election
+/// before it answers, and failing a statement that pgmr would still serve helps no one.
+const META_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn node_info() -> Result<NodeInfo, MrError> {
     match call(LocalRequest::NodeInfo)? {
@@ -23,21 +31,78 @@ pub fn network_latency() -> Result<Vec<RttRow>, MrError> {
 }
 
 pub fn cluster_regions() -> Result<Vec<RegionZones>, MrError> {
-    match call(LocalRequest::ClusterRegions)? {
+    match call_meta(LocalRequest::ClusterRegions)? {
         LocalResponse::ClusterRegions { regions } => Ok(regions),
         other => Err(unexpected("cluster_regions", &other)),
     }
 }
 
-/// Sends `req` to pgmr; an `Error` response becomes [`MrError::Sidecar`].
+pub fn nodes() -> Result<Vec<NodeRow>, MrError> {
+    match call_meta(LocalRequest::Nodes)? {
+        LocalResponse::Nodes { nodes } => Ok(nodes),
+        other => Err(unexpected("nodes", &other)),
+    }
+}
+
+pub fn meta_group() -> Result<MetaGroup, MrError> {
+    match call_meta(LocalRequest::MetaGroup)? {
+        LocalResponse::MetaGroup(group) => Ok(group),
+        other => Err(unexpected("meta_group", &other)),
+    }
+}
+
+/// Sets (`Some`) or resets (`None`) a cluster setting; returns once the write committed.
+pub fn set_cluster_setting(name: String, value: Option<String>) -> Result<(), MrError> {
+    match call_meta(LocalRequest::SetClusterSetting { name, value })? {
+        LocalResponse::Done => Ok(()),
+        other => Err(unexpected("set_cluster_setting", &other)),
+    }
+}
+
+pub fn cluster_settings() -> Result<Vec<(String, String)>, MrError> {
+    match call_meta(LocalRequest::ClusterSettings)? {
+        LocalResponse::ClusterSettings { settings } => Ok(settings),
+        other => Err(unexpected("cluster_settings", &other)),
+    }
+}
+
+pub fn eventlog() -> Result<Vec<EventRow>, MrError> {
+    match call_meta(LocalRequest::EventLog)? {
+        LocalResponse::EventLog { events } => Ok(events),
+        other => Err(unexpected("event_log", &other)),
+    }
+}
+
+/// Sends `req` to pgmr within `multiregion.sidecar_timeout`.
 fn call(req: LocalRequest) -> Result<LocalResponse, MrError> {
+    call_within(req, gucs::sidecar_timeout())
+}
+
+/// Sends a request that pgmr serves through the meta group, within
+/// `max(multiregion.sidecar_timeout, META_TIMEOUT)`.
+fn call_meta(req: LocalRequest) -> Result<LocalResponse, MrError> {
+    call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))
+}
+
+/// Sends `req` to pgmr; an `Error` response becomes the [`MrError`] its flags call for.
+fn call_within(req: LocalRequest, timeout: Duration) -> Result<LocalResponse, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     let tick = || {
         check_for_interrupts();
         true
     };
-    match call_local(&path, &req, gucs::sidecar_timeout(), tick)? {
-        LocalResponse::Error { message } => Err(MrError::Sidecar(message)),
+    match call_local(&path, &req, timeout, tick)? {
+        LocalResponse::Error {
+            message,
+            ambiguous: true,
+            ..
+        } => Err(MrError::Ambiguous(message)),
+        LocalResponse::Error {
+            message,
+            retryable: true,
+            ..
+        } => Err(MrError::Retryable(message)),
+        LocalResponse::Error { message, .. } => Err(MrError::Sidecar(message)),
         response => Ok(response),
     }
 }
@@ -75,6 +140,11 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::ClusterRegions { .. } => "cluster_regions",
         LocalResponse::Status(_) => "status",
         LocalResponse::LinkFaults { .. } => "link_faults",
+        LocalResponse::Nodes { .. } => "nodes",
+        LocalResponse::MetaGroup(_) => "meta_group",
+        LocalResponse::Done => "done",
+        LocalResponse::ClusterSettings { .. } => "cluster_settings",
+        LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",
     };
     MrError::UnexpectedResponse { request, response }

@@ -15,6 +15,17 @@ FROM pg_proc p
 WHERE p.pronamespace = 'multiregion'::regnamespace
 ORDER BY p.proname;
 \x off
+-- The views over the set-returning functions, column by column: names, order and types are
+-- what the cluster tests and users rely on.
+SELECT c.relname AS view, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod) AS type
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+WHERE c.relnamespace = 'multiregion'::regnamespace AND c.relkind = 'v' AND a.attnum > 0
+ORDER BY c.relname, a.attnum;
+-- Only set_cluster_setting is withheld from PUBLIC.
+SELECT p.proname, p.proacl IS NOT NULL AS restricted
+FROM pg_proc p
+WHERE p.pronamespace = 'multiregion'::regnamespace
+ORDER BY p.proname;
 -- A multiregion schema that is not the extension's own is never adopted.
 DROP EXTENSION pg_multiregion;
 CREATE SCHEMA multiregion;

@@ -10,4 +10,14 @@ SELECT * FROM multiregion.network_latency();
 \echo :SQLSTATE
 SELECT * FROM multiregion.cluster_regions();
 \echo :SQLSTATE
+SELECT * FROM multiregion.nodes;
+\echo :SQLSTATE
+SELECT * FROM multiregion.meta_group;
+\echo :SQLSTATE
+SELECT * FROM multiregion.cluster_settings;
+\echo :SQLSTATE
+SELECT * FROM multiregion.eventlog;
+\echo :SQLSTATE
+SELECT multiregion.set_cluster_setting('server.time_until_store_dead', '5m');
+\echo :SQLSTATE
 DROP EXTENSION pg_multiregion;

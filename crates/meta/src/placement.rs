@@ -30,7 +30,7 @@ pub fn choose_voters(candidates: &[Candidate], current: &BTreeSet<NodeId>) -> BT
     }
     let target = {
         let n = eligible.len().min(MAX_VOTERS);
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             n - 1
         } else {
             n
@@ -142,7 +142,13 @@ mod tests {
 
     #[test]
     fn one_region_gets_every_voter_when_it_is_the_only_one() {
-        let c = nodes(&[(1, "east"), (2, "east"), (3, "east"), (4, "east"), (5, "east")]);
+        let c = nodes(&[
+            (1, "east"),
+            (2, "east"),
+            (3, "east"),
+            (4, "east"),
+            (5, "east"),
+        ]);
         assert_eq!(choose_voters(&c, &BTreeSet::new()).len(), 5);
     }
 

@@ -62,7 +62,10 @@ pub enum Command {
         expected_sequence: Option<u64>,
     },
     /// `SET CLUSTER SETTING name = value`; `None` resets it to its default.
-    SetClusterSetting { name: String, value: Option<String> },
+    SetClusterSetting {
+        name: String,
+        value: Option<String>,
+    },
 }
 
 impl Command {

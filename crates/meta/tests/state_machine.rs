@@ -402,7 +402,13 @@ fn the_event_log_records_each_effect_once_in_order() {
     };
     propose(&mut s, 1, set("a"));
     propose(&mut s, 1, set("a"));
-    propose(&mut s, 2, Command::DropDatabase { database: "nope".into() });
+    propose(
+        &mut s,
+        2,
+        Command::DropDatabase {
+            database: "nope".into(),
+        },
+    );
     propose(
         &mut s,
         3,
@@ -414,7 +420,11 @@ fn the_event_log_records_each_effect_once_in_order() {
         },
     );
     propose(&mut s, 4, set("b"));
-    let new: Vec<(u64, Command)> = s.events().skip(before).map(|e| (e.seq, e.command.clone())).collect();
+    let new: Vec<(u64, Command)> = s
+        .events()
+        .skip(before)
+        .map(|e| (e.seq, e.command.clone()))
+        .collect();
     assert_eq!(new, vec![(1, set("a")), (4, set("b"))]);
     let ids: Vec<u64> = s.events().map(|e| e.id).collect();
     assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
@@ -433,7 +443,10 @@ fn write_golden() {
     if std::env::var_os("MR_META_WRITE_GOLDEN").is_none() {
         return;
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/snapshot-v2.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshot-v2.json"
+    );
     use ReplicaKind::*;
     let mut s = cluster();
     propose(&mut s, 1, Command::PutDatabase { config: movr() });

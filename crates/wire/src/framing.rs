@@ -196,10 +196,7 @@ mod tests {
             s.read_exact(&mut len).unwrap();
             let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
             s.read_exact(&mut body).unwrap();
-            let frame = encode(&LocalResponse::Error {
-                message: "x".repeat(20_000),
-            })
-            .unwrap();
+            let frame = encode(&LocalResponse::error("x".repeat(20_000))).unwrap();
             let (a, b) = frame.split_at(3);
             s.write_all(a).unwrap();
             std::thread::sleep(Duration::from_millis(120));
@@ -213,7 +210,7 @@ mod tests {
         )
         .unwrap();
         server.join().unwrap();
-        assert!(matches!(resp, LocalResponse::Error { message } if message.len() == 20_000));
+        assert!(matches!(resp, LocalResponse::Error { message, .. } if message.len() == 20_000));
     }
 
     #[test]

@@ -19,6 +19,26 @@ pub enum LocalRequest {
         peers: Vec<u64>,
         fault: Option<LinkFault>,
     },
+    /// Every node the meta group knows, with its liveness (`multiregion.nodes`). A
+    /// linearizable read.
+    Nodes,
+    /// The meta Raft group as this node sees it, with each member's replication lag from the
+    /// leader (`pgmr status`, `multiregion.meta_group`).
+    MetaGroup,
+    /// Decommissions a node: it leaves the meta group and never counts as a member again
+    /// (`pgmr node decommission`). Answers once the group no longer includes it.
+    Decommission {
+        node_id: u64,
+    },
+    /// `SET CLUSTER SETTING`: a committed metadata write (`multiregion.set_cluster_setting`).
+    SetClusterSetting {
+        name: String,
+        value: Option<String>,
+    },
+    /// Cluster settings and the event log, read linearizably
+    /// (`multiregion.cluster_settings`, `multiregion.eventlog`).
+    ClusterSettings,
+    EventLog,
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -71,10 +91,93 @@ pub enum LocalResponse {
     LinkFaults {
         faults: Vec<(u64, LinkFault)>,
     },
-    /// pgmr understood the request but could not serve it.
+    Nodes {
+        nodes: Vec<NodeRow>,
+    },
+    MetaGroup(MetaGroup),
+    /// A metadata write committed.
+    Done,
+    ClusterSettings {
+        settings: Vec<(String, String)>,
+    },
+    EventLog {
+        events: Vec<EventRow>,
+    },
+    /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
+    /// and the same request may simply be sent again. `ambiguous`: a write may or may not
+    /// have committed.
     Error {
         message: String,
+        #[serde(default)]
+        retryable: bool,
+        #[serde(default)]
+        ambiguous: bool,
     },
+}
+
+impl LocalResponse {
+    pub fn error(message: impl Into<String>) -> LocalResponse {
+        LocalResponse::Error {
+            message: message.into(),
+            retryable: false,
+            ambiguous: false,
+        }
+    }
+}
+
+/// A node as the meta group records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRow {
+    pub node_id: u64,
+    pub rpc_addr: String,
+    pub sql_addr: String,
+    pub locality: String,
+    pub region: String,
+    pub zone: Option<String>,
+    pub joined_at_ms: u64,
+    pub last_heartbeat_ms: u64,
+    /// live, suspect, dead or decommissioned, from the latest heartbeat and the answering
+    /// node's clock.
+    pub status: String,
+    /// voter, learner, or none (not a member of the meta group).
+    pub meta_role: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetaGroup {
+    pub node_id: u64,
+    /// leader, follower, candidate or learner.
+    pub state: String,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub commit_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub voters: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// Each member's replication progress, from the leader; empty when no leader answered.
+    pub members: Vec<MemberProgress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemberProgress {
+    pub node_id: u64,
+    pub role: String,
+    pub matched_index: Option<u64>,
+    /// Entries the leader has that this member is not known to have.
+    pub lag: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRow {
+    pub id: u64,
+    pub at_ms: u64,
+    pub node_id: u64,
+    pub seq: u64,
+    /// The command's name (`add_node`, `set_cluster_setting`, …).
+    pub event_type: String,
+    /// The command, as JSON.
+    pub info: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

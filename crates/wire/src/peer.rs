@@ -44,12 +44,32 @@ pub struct Hello {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum PeerRequest {
-    /// A new node asks for a node id and the current membership.
+    /// A new node asks for a node id and the current membership. `token` is random per
+    /// joining attempt and stays the same across its retries, so a retry whose first try did
+    /// commit gets the same node id instead of a second one.
     Join {
         rpc_addr: String,
         sql_addr: String,
         locality: String,
+        #[serde(default)]
+        token: u64,
     },
+    /// A Raft message for node `to` in group `group` (0 is the meta group). The body is the
+    /// Raft library's request, as JSON; node ids are checked so that a message meant for a
+    /// node that was wiped and rejoined under a new id at the same address is refused.
+    Raft {
+        group: u64,
+        to: u64,
+        kind: RaftKind,
+        body: serde_json::Value,
+    },
+    /// Proposes a metadata change (an `mr_meta::Proposal`) to the meta group's leader.
+    MetaPropose { proposal: serde_json::Value },
+    /// Asks the meta group's leader for a read index: confirmed leader, the log index a
+    /// linearizable read must wait for.
+    MetaReadIndex,
+    /// Asks the meta group's leader for each member's replication progress.
+    MetaProgress,
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -69,10 +89,40 @@ pub enum PeerResponse {
         rpc_addr: String,
     },
     HeartbeatAck(Gossip),
+    /// A Raft library response (`Result<Response, RaftError>`), as JSON.
+    Raft {
+        body: serde_json::Value,
+    },
+    /// This node is not the meta group's leader; the leader, if known, is given.
+    NotLeader {
+        leader_id: Option<u64>,
+        leader_addr: Option<String>,
+    },
+    /// The proposal committed and applied; `outcome` is its `mr_meta::Outcome`.
+    Proposed {
+        outcome: serde_json::Value,
+    },
+    ReadIndex {
+        index: u64,
+    },
+    MetaProgress {
+        term: u64,
+        last_log_index: u64,
+        /// (node id, highest log index known replicated to it).
+        matched: Vec<(u64, Option<u64>)>,
+    },
     Error {
         message: String,
         retryable: bool,
     },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RaftKind {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
 }
 
 /// What a heartbeat (and its ack) carries: the sender, the nodes it knows, and the RTTs it has

@@ -3,8 +3,10 @@
 //! This is the SQL edge: functions here return plain values to PostgreSQL and raise every
 //! [`crate::error::MrError`] as a PostgreSQL error with its SQLSTATE and hint.
 
+mod meta;
 mod node;
 
+use crate::error::MrError;
 use pgrx::prelude::*;
 
 /// Declares the schema `multiregion` to pgrx, whose script then begins with
@@ -16,3 +18,26 @@ use pgrx::prelude::*;
 /// schema made by someone else is never adopted.
 #[pg_schema]
 mod multiregion {}
+
+/// pgmr's unsigned counters and ids as `int8`, refusing a value that would wrap.
+fn bigint(field: &'static str, value: u64) -> Result<i64, MrError> {
+    i64::try_from(value).map_err(|_| out_of_range(field, value))
+}
+
+fn out_of_range(field: &'static str, value: impl Into<u64>) -> MrError {
+    MrError::OutOfRange {
+        field,
+        value: value.into(),
+    }
+}
+
+/// Unix milliseconds as a `timestamptz`, as `to_timestamp(ms / 1000.0)` would give it.
+/// PostgreSQL counts microseconds from 2000-01-01, which is this many ms after the Unix epoch.
+fn timestamptz(field: &'static str, ms: u64) -> Result<TimestampWithTimeZone, MrError> {
+    const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
+    bigint(field, ms)?
+        .checked_sub(PG_EPOCH_UNIX_MS)
+        .and_then(|ms| ms.checked_mul(1000))
+        .and_then(|micros| TimestampWithTimeZone::try_from(micros).ok())
+        .ok_or_else(|| out_of_range(field, ms))
+}

@@ -1,5 +1,6 @@
 //! Where this node is and what its pgmr knows about the cluster.
 
+use super::{bigint, out_of_range};
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, sidecar};
 use pgrx::prelude::*;
@@ -132,17 +133,6 @@ fn cluster_regions() -> TableIterator<'static, (name!(region, String), name!(zon
         r.zones.sort();
         (r.region, r.zones)
     }))
-}
-
-fn bigint(field: &'static str, value: u64) -> Result<i64, MrError> {
-    i64::try_from(value).map_err(|_| out_of_range(field, value))
-}
-
-fn out_of_range(field: &'static str, value: impl Into<u64>) -> MrError {
-    MrError::OutOfRange {
-        field,
-        value: value.into(),
-    }
 }
 
 /// Days and time, without months: a month has no fixed length, and uptime is elapsed time.

@@ -1,0 +1,306 @@
+//! What the cluster test files share: real `pgmr start` processes, each supervising a real
+//! PostgreSQL with the extension, talking over loopback through pgmr's simulated WAN.
+#![allow(dead_code)] // each test file uses its own subset
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::ConnectOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PGMR: &str = env!("CARGO_BIN_EXE_pgmr");
+
+/// One `pgmr start` child; stopped (SIGTERM, so it stops its PostgreSQL) when dropped.
+pub struct Node {
+    pub child: Child,
+    /// The arguments it was started with, to start it again on the same data dir.
+    pub args: Vec<String>,
+    pub pg_port: u16,
+    pub rpc: String,
+    pub data_dir: PathBuf,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- pgmr log of {} ---\n{}",
+                self.data_dir.display(),
+                self.log()
+            );
+            let pg =
+                std::fs::read_to_string(self.data_dir.join("postgres.log")).unwrap_or_default();
+            eprintln!("--- postgres log ---\n{pg}");
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        // A test that failed while pgmr was stopped must not leave it stopped: it would never
+        // act on the SIGTERM, and its PostgreSQL would outlive the test holding the port.
+        let _ = kill(pid, Signal::SIGCONT);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        kill_postmaster(&self.data_dir);
+    }
+}
+
+/// Kills the PostgreSQL a SIGKILLed pgmr left behind, if any.
+pub fn kill_postmaster(data_dir: &Path) {
+    let pidfile = data_dir.join("pg").join("postmaster.pid");
+    if let Some(pid) = std::fs::read_to_string(pidfile)
+        .ok()
+        .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<i32>().ok()))
+    {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+impl Node {
+    /// The whole node dies at once, as when its machine fails: pgmr and PostgreSQL.
+    pub fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        kill_postmaster(&self.data_dir);
+    }
+
+    /// Starts pgmr again on the same data dir and ports (after [`Node::crash`] or a stop).
+    pub fn restart(&mut self) {
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data_dir.join("pgmr.log"))
+            .unwrap();
+        self.child = Command::new(PGMR)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn pgmr");
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        self.child.wait().unwrap()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("pgmr.log")).unwrap_or_default()
+    }
+
+    pub async fn sql(&self) -> PgConnection {
+        PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(self.pg_port)
+            .username("postgres")
+            .database("postgres")
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect to node on {}: {e}\n{}", self.pg_port, self.log()))
+    }
+}
+
+/// A scratch directory the PostgreSQL OS user can traverse.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("pgmr-test-{name}-"))
+        .tempdir()
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
+pub fn start_node(
+    dir: &Path,
+    name: &str,
+    locality: &str,
+    rpc_port: u16,
+    pg_port: u16,
+    join: Option<&str>,
+    extra: &[&str],
+) -> Node {
+    let data_dir = dir.join(name);
+    std::fs::create_dir_all(&data_dir).unwrap();
+    let log = std::fs::File::create(data_dir.join("pgmr.log")).unwrap();
+    let rpc = format!("127.0.0.1:{rpc_port}");
+    let mut args: Vec<String> = vec![
+        "start".into(),
+        "--locality".into(),
+        locality.into(),
+        "--listen".into(),
+        rpc.clone(),
+        "--ephemeral".into(),
+        "--die-with-parent".into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--pg-port".into(),
+        pg_port.to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    if let Some(j) = join {
+        args.extend(["--join".to_string(), j.to_string()]);
+    }
+    let child = Command::new(PGMR)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn pgmr");
+    Node {
+        child,
+        args,
+        pg_port,
+        rpc,
+        data_dir,
+    }
+}
+
+/// Polls `f` until it yields a value or `timeout` passes.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A connection to the node's PostgreSQL once pgmr reports it ready (accepting connections,
+/// extension created), as `pgmr demo` waits for it.
+pub async fn try_connect(port: u16) -> Option<PgConnection> {
+    let mut c = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("postgres")
+        .database("postgres")
+        .connect()
+        .await
+        .ok()?;
+    let pid: Option<i32> = sqlx::query_scalar("SELECT postmaster_pid FROM multiregion.node_info()")
+        .fetch_one(&mut c)
+        .await
+        .ok()?;
+    pid.map(|_| c)
+}
+
+/// Starts one node per locality from port block `block`, all simulating the latency matrix
+/// `matrix` (file text), one after another so that node N has the Nth locality, and returns
+/// once each serves SQL. Node 1 bootstraps; the others join it with its secret.
+pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&str]) -> Vec<Node> {
+    let matrix_file = dir.join("matrix.txt");
+    std::fs::write(&matrix_file, matrix).unwrap();
+    let lat = matrix_file.to_str().unwrap();
+    let (rpc, pg) = ports(block);
+    let mut nodes: Vec<Node> = Vec::new();
+    for (i, locality) in localities.iter().enumerate() {
+        let i16 = i as u16;
+        let name = format!("n{}", i + 1);
+        let node = match nodes.first() {
+            None => start_node(dir, &name, locality, rpc, pg, None, &["--latency", lat]),
+            Some(first) => {
+                let secret = first.data_dir.join("cluster-secret");
+                let extra = ["--latency", lat, "--secret-file", secret.to_str().unwrap()];
+                let join = first.rpc.clone();
+                start_node(
+                    dir,
+                    &name,
+                    locality,
+                    rpc + i16,
+                    pg + i16,
+                    Some(&join),
+                    &extra,
+                )
+            }
+        };
+        eventually(
+            &format!("node {} to serve SQL", i + 1),
+            Duration::from_secs(90),
+            || try_connect(node.pg_port),
+        )
+        .await;
+        nodes.push(node);
+    }
+    nodes
+}
+
+/// Each test uses its own port block so tests can run in parallel. All test ports are below
+/// Linux's ephemeral range (32768–60999), where a lingering client socket could hold them.
+pub fn ports(block: u16) -> (u16, u16) {
+    (21000 + block * 10, 22000 + block * 10)
+}
+
+/// SIGSTOPs `pid` and returns once every one of its threads is stopped. `kill` only queues the
+/// stop: it takes effect when the thread chosen to receive it next runs, and until then the
+/// process's other threads keep running (seen on a loaded CI machine: a tokio worker answered
+/// a request after `kill` had returned).
+pub async fn stop_process(pid: Pid) {
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let all_stopped = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                let stat =
+                    std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                // The state is the first field after the parenthesised command name.
+                matches!(
+                    stat.rsplit(')')
+                        .next()
+                        .and_then(|r| r.split_whitespace().next()),
+                    Some("T" | "t")
+                )
+            })
+    };
+    eventually("every thread to stop", Duration::from_secs(10), || async {
+        all_stopped().then_some(())
+    })
+    .await;
+}
+
+/// Runs `sql`, which must fail within 5 s; returns (SQLSTATE, message). The outer 10 s timeout
+/// turns a hang, the bug these checks exist for, into a failure.
+pub async fn fails_within(c: &mut PgConnection, sql: &str) -> (String, String) {
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(10), sqlx::query(sql).execute(c))
+        .await
+        .unwrap_or_else(|_| panic!("{sql} hung"))
+        .expect_err("must fail");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(5), "{sql} took {waited:?}");
+    let db = err.as_database_error().expect("a SQL error");
+    (
+        db.code().unwrap_or_default().to_string(),
+        db.message().to_string(),
+    )
+}
+
+/// Runs `pgmr` and returns its stdout, failing the test if it fails.
+pub fn pgmr_ok(args: &[&str]) -> String {
+    let out = Command::new(PGMR)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pgmr {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
