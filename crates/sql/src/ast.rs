@@ -1,0 +1,117 @@
+//! The statements this crate understands.
+
+pub use mr_meta::{Placement, SurvivalGoal};
+
+/// A possibly qualified name (`db.schema.table`), each part as written (unquoted parts folded
+/// to lower case).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectName(pub Vec<String>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Locality {
+    /// `REGIONAL BY TABLE [IN region | IN PRIMARY REGION]`, also `REGIONAL [IN …]`; `None`
+    /// is the primary region.
+    RegionalByTable {
+        region: Option<String>,
+    },
+    /// `REGIONAL BY ROW [AS column]`; `None` is the system column `crdb_region`.
+    RegionalByRow {
+        column: Option<String>,
+    },
+    Global,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ZoneTarget {
+    /// `RANGE default` or no target at all.
+    Default,
+    Database(String),
+    Table(ObjectName),
+    /// `PARTITION p OF TABLE t` / `PARTITION p OF INDEX t@i`.
+    Partition {
+        partition: String,
+        table: ObjectName,
+        index: Option<String>,
+    },
+    Index {
+        table: ObjectName,
+        index: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShowRegions {
+    /// `SHOW REGIONS`: every region with nodes, with the current database's use of it.
+    All,
+    Cluster,
+    /// `FROM DATABASE [db]`; `None` is the current database.
+    Database(Option<String>),
+    AllDatabases,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Statement {
+    CreateDatabase {
+        name: String,
+        if_not_exists: bool,
+        primary_region: Option<String>,
+        regions: Vec<String>,
+        survival: Option<SurvivalGoal>,
+        placement: Option<Placement>,
+        secondary_region: Option<String>,
+    },
+    AlterDatabasePrimaryRegion {
+        database: String,
+        region: String,
+    },
+    AlterDatabaseAddRegion {
+        database: String,
+        region: String,
+        if_not_exists: bool,
+    },
+    AlterDatabaseDropRegion {
+        database: String,
+        region: String,
+        if_exists: bool,
+    },
+    AlterDatabaseSurvival {
+        database: String,
+        goal: SurvivalGoal,
+    },
+    AlterDatabasePlacement {
+        database: String,
+        placement: Placement,
+    },
+    AlterDatabaseSecondaryRegion {
+        database: String,
+        region: Option<String>,
+    },
+    /// `CREATE TABLE … LOCALITY …`: `sql` is the statement without the LOCALITY clause (and
+    /// with computed columns rewritten), for PostgreSQL; the locality is applied after it.
+    CreateTable {
+        table: ObjectName,
+        sql: String,
+        locality: Option<Locality>,
+    },
+    AlterTableSetLocality {
+        table: ObjectName,
+        locality: Locality,
+    },
+    /// A statement PostgreSQL runs once rewritten (`ALTER TABLE … ADD COLUMN c t AS (e) STORED`
+    /// becomes `… GENERATED ALWAYS AS (e) STORED`).
+    Rewritten {
+        sql: String,
+    },
+    ShowRegions(ShowRegions),
+    /// `SHOW SURVIVAL GOAL [FROM DATABASE [db]]`.
+    ShowSurvivalGoal {
+        database: Option<String>,
+    },
+    ShowZoneConfiguration(ZoneTarget),
+    ShowZoneConfigurations,
+    ShowLocality,
+    /// `SHOW TABLES [FROM db[.schema]]`, with their localities.
+    ShowTables {
+        from: Option<ObjectName>,
+    },
+}

@@ -1,0 +1,226 @@
+//! A PostgreSQL-compatible lexer, enough to find statement structure: identifiers (folded to
+//! lower case unless quoted), string literals, numbers, punctuation and operators, with
+//! comments and whitespace skipped. Every token keeps its byte span so errors can point at it
+//! and rewrites can splice the original text.
+
+use crate::SyntaxError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tok {
+    /// An unquoted word, folded to lower case (keywords are words too).
+    Word(String),
+    /// A double-quoted identifier, case kept, `""` unescaped.
+    Quoted(String),
+    /// A single-quoted string literal (also `E'…'` without escapes processed), `''` unescaped.
+    Str(String),
+    Number(String),
+    /// One punctuation character: `( ) , ; . = @ [ ] * :` and the like.
+    Punct(char),
+    /// Any other operator run (`::`, `<>`, `||`, …).
+    Op(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub tok: Tok,
+    /// Byte offsets into the statement text.
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Token {
+    /// The lower-cased word, if this token is an unquoted word.
+    pub fn word(&self) -> Option<&str> {
+        match &self.tok {
+            Tok::Word(w) => Some(w),
+            _ => None,
+        }
+    }
+}
+
+const PUNCT: &str = "(),;.=@[]*:";
+const OP_CHARS: &str = "+-*/<>=~!@#%^&|`?:";
+
+pub fn lex(sql: &str) -> Result<Vec<Token>, SyntaxError> {
+    let b = sql.as_bytes();
+    let mut i = 0;
+    let mut out = Vec::new();
+    while i < b.len() {
+        let c = b[i];
+        let start = i;
+        if c.is_ascii_whitespace() {
+            i += 1;
+        } else if c == b'-' && b.get(i + 1) == Some(&b'-') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
+            }
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            // Nested, as in PostgreSQL.
+            let mut depth = 0usize;
+            loop {
+                if i + 1 >= b.len() {
+                    return Err(SyntaxError::at(sql, start, "unterminated /* comment"));
+                }
+                if b[i] == b'/' && b[i + 1] == b'*' {
+                    depth += 1;
+                    i += 2;
+                } else if b[i] == b'*' && b[i + 1] == b'/' {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+        } else if c == b'\'' || ((c == b'e' || c == b'E') && b.get(i + 1) == Some(&b'\'')) {
+            if c != b'\'' {
+                i += 1;
+            }
+            let (s, next) = quoted(sql, i, b'\'')?;
+            out.push(Token {
+                tok: Tok::Str(s),
+                start,
+                end: next,
+            });
+            i = next;
+        } else if c == b'"' {
+            let (s, next) = quoted(sql, i, b'"')?;
+            if s.is_empty() {
+                return Err(SyntaxError::at(
+                    sql,
+                    start,
+                    "zero-length delimited identifier",
+                ));
+            }
+            out.push(Token {
+                tok: Tok::Quoted(s),
+                start,
+                end: next,
+            });
+            i = next;
+        } else if c == b'$' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit()) {
+            i += 1;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            out.push(Token {
+                tok: Tok::Op(sql[start..i].to_string()),
+                start,
+                end: i,
+            });
+        } else if c == b'$' {
+            // Dollar quoting: $tag$ … $tag$.
+            let tag_end = sql[i + 1..]
+                .find('$')
+                .map(|k| i + 1 + k)
+                .ok_or_else(|| SyntaxError::at(sql, start, "unterminated dollar-quoted string"))?;
+            let tag = &sql[i..=tag_end];
+            if !tag[1..tag.len() - 1]
+                .chars()
+                .all(|ch| ch.is_alphanumeric() || ch == '_')
+            {
+                return Err(SyntaxError::at(sql, start, "syntax error at or near \"$\""));
+            }
+            let body_start = tag_end + 1;
+            let close = sql[body_start..]
+                .find(tag)
+                .ok_or_else(|| SyntaxError::at(sql, start, "unterminated dollar-quoted string"))?;
+            let body = sql[body_start..body_start + close].to_string();
+            i = body_start + close + tag.len();
+            out.push(Token {
+                tok: Tok::Str(body),
+                start,
+                end: i,
+            });
+        } else if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 {
+            while i < b.len()
+                && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'$' || b[i] >= 0x80)
+            {
+                i += 1;
+            }
+            out.push(Token {
+                tok: Tok::Word(sql[start..i].to_lowercase()),
+                start,
+                end: i,
+            });
+        } else if c.is_ascii_digit()
+            || (c == b'.' && b.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
+        {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.' || b[i] == b'_') {
+                i += 1;
+            }
+            out.push(Token {
+                tok: Tok::Number(sql[start..i].to_string()),
+                start,
+                end: i,
+            });
+        } else if c == b':' && b.get(i + 1) == Some(&b':') {
+            i += 2;
+            out.push(Token {
+                tok: Tok::Op("::".into()),
+                start,
+                end: i,
+            });
+        } else if PUNCT.as_bytes().contains(&c)
+            && !(OP_CHARS.as_bytes().contains(&c)
+                && b.get(i + 1)
+                    .is_some_and(|n| OP_CHARS.as_bytes().contains(n)))
+        {
+            i += 1;
+            out.push(Token {
+                tok: Tok::Punct(c as char),
+                start,
+                end: i,
+            });
+        } else if OP_CHARS.as_bytes().contains(&c) {
+            while i < b.len() && OP_CHARS.as_bytes().contains(&b[i]) {
+                i += 1;
+            }
+            out.push(Token {
+                tok: Tok::Op(sql[start..i].to_string()),
+                start,
+                end: i,
+            });
+        } else {
+            let ch = sql[i..].chars().next().unwrap_or('?');
+            return Err(SyntaxError::at(
+                sql,
+                start,
+                &format!("syntax error at or near \"{ch}\""),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a `q`-quoted run starting at `i` (the opening quote); doubled quotes stand for one.
+/// Returns the content and the offset after the closing quote.
+fn quoted(sql: &str, i: usize, q: u8) -> Result<(String, usize), SyntaxError> {
+    let b = sql.as_bytes();
+    let mut j = i + 1;
+    let mut s = String::new();
+    let mut run = j;
+    loop {
+        if j >= b.len() {
+            let what = if q == b'"' {
+                "quoted identifier"
+            } else {
+                "quoted string"
+            };
+            return Err(SyntaxError::at(sql, i, &format!("unterminated {what}")));
+        }
+        if b[j] == q {
+            s.push_str(&sql[run..j]);
+            if b.get(j + 1) == Some(&q) {
+                s.push(q as char);
+                j += 2;
+                run = j;
+                continue;
+            }
+            return Ok((s, j + 1));
+        }
+        j += 1;
+    }
+}

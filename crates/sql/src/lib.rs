@@ -1,0 +1,42 @@
+//! CockroachDB's multi-region statements, parsed into a typed AST.
+//!
+//! Shared by the native door (`multiregion.execute(text)`) and pgmr's SQL gateway: both hand a
+//! statement to [`parse`], which answers
+//!
+//! * `Ok(Some(statement))` for a multi-region statement (region and survival DDL, locality DDL,
+//!   the SHOW forms), or a statement PostgreSQL would reject only for CockroachDB syntax this
+//!   crate rewrites (`CREATE TABLE … LOCALITY …`, computed columns `AS (expr) STORED`);
+//! * `Ok(None)` for anything else: PostgreSQL's to run as it is;
+//! * `Err(SyntaxError)` for a statement that starts as one of ours but is malformed, with
+//!   the character position PostgreSQL would report.
+//!
+//! It never panics, whatever the input (a fuzz-style test in `tests/` holds it to that).
+
+mod ast;
+mod lex;
+mod parse;
+
+pub use ast::*;
+pub use parse::parse;
+
+/// A syntax error at a character position (1-based, in characters as PostgreSQL counts them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message} at character {position}")]
+pub struct SyntaxError {
+    pub message: String,
+    pub position: usize,
+}
+
+impl SyntaxError {
+    fn at(sql: &str, byte: usize, message: &str) -> SyntaxError {
+        let byte = byte.min(sql.len());
+        let mut b = byte;
+        while !sql.is_char_boundary(b) {
+            b -= 1;
+        }
+        SyntaxError {
+            message: message.to_string(),
+            position: sql[..b].chars().count() + 1,
+        }
+    }
+}

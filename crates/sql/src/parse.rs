@@ -1,0 +1,620 @@
+//! Recursive descent over the token list. Each entry point decides early whether the statement
+//! is one of ours; once it is, anything unexpected is a syntax error at that token.
+
+use crate::ast::*;
+use crate::lex::{lex, Tok, Token};
+use crate::SyntaxError;
+
+pub fn parse(sql: &str) -> Result<Option<Statement>, SyntaxError> {
+    // Text our lexer cannot read is PostgreSQL's to judge (it knows more literal forms); the
+    // statements we handle never need them.
+    let Ok(mut toks) = lex(sql) else {
+        return Ok(None);
+    };
+    while matches!(
+        toks.last(),
+        Some(Token {
+            tok: Tok::Punct(';'),
+            ..
+        })
+    ) {
+        toks.pop();
+    }
+    let mut p = Parser { sql, toks, pos: 0 };
+    p.statement()
+}
+
+struct Parser<'a> {
+    sql: &'a str,
+    toks: Vec<Token>,
+    pos: usize,
+}
+
+type R<T> = Result<T, SyntaxError>;
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<&Token> {
+        self.toks.get(self.pos)
+    }
+
+    fn peek_word(&self) -> Option<&str> {
+        self.peek().and_then(Token::word)
+    }
+
+    fn peek_word_at(&self, ahead: usize) -> Option<&str> {
+        self.toks.get(self.pos + ahead).and_then(Token::word)
+    }
+
+    fn eat(&mut self, w: &str) -> bool {
+        if self.peek_word() == Some(w) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn eat_punct(&mut self, c: char) -> bool {
+        if matches!(self.peek(), Some(Token { tok: Tok::Punct(p), .. }) if *p == c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// A syntax error at the current token (or at the end), worded as PostgreSQL words it.
+    fn error(&self) -> SyntaxError {
+        match self.peek() {
+            Some(t) => {
+                let text = &self.sql[t.start..t.end];
+                SyntaxError::at(
+                    self.sql,
+                    t.start,
+                    &format!("syntax error at or near \"{text}\""),
+                )
+            }
+            None => SyntaxError::at(
+                self.sql,
+                self.sql.trim_end().len(),
+                "syntax error at end of input",
+            ),
+        }
+    }
+
+    fn expect(&mut self, w: &str) -> R<()> {
+        if self.eat(w) {
+            Ok(())
+        } else {
+            Err(self.error())
+        }
+    }
+
+    fn end(&self) -> R<()> {
+        match self.peek() {
+            None => Ok(()),
+            Some(_) => Err(self.error()),
+        }
+    }
+
+    /// A name: an unquoted word (lower-cased) or a quoted identifier.
+    fn ident(&mut self) -> R<String> {
+        let name = match self.peek().map(|t| &t.tok) {
+            Some(Tok::Word(w)) => w.clone(),
+            Some(Tok::Quoted(q)) => q.clone(),
+            _ => return Err(self.error()),
+        };
+        self.pos += 1;
+        Ok(name)
+    }
+
+    /// A region name: an identifier or, as CockroachDB also accepts, a string literal.
+    fn region(&mut self) -> R<String> {
+        if let Some(Token {
+            tok: Tok::Str(s), ..
+        }) = self.peek()
+        {
+            let s = s.clone();
+            self.pos += 1;
+            if s.is_empty() {
+                return Err(SyntaxError::at(
+                    self.sql,
+                    self.toks[self.pos - 1].start,
+                    "region name must not be empty",
+                ));
+            }
+            return Ok(s);
+        }
+        self.ident()
+    }
+
+    fn object_name(&mut self) -> R<ObjectName> {
+        let mut parts = vec![self.ident()?];
+        while self.eat_punct('.') {
+            parts.push(self.ident()?);
+        }
+        if parts.len() > 3 {
+            return Err(SyntaxError::at(
+                self.sql,
+                self.toks[self.pos - 1].start,
+                "improper qualified name (too many dotted names)",
+            ));
+        }
+        Ok(ObjectName(parts))
+    }
+
+    fn statement(&mut self) -> R<Option<Statement>> {
+        match self.peek_word() {
+            Some("create") => self.create(),
+            Some("alter") => self.alter(),
+            Some("show") => self.show(),
+            _ => Ok(None),
+        }
+    }
+
+    fn create(&mut self) -> R<Option<Statement>> {
+        self.pos += 1;
+        if self.eat("database") {
+            return self.create_database();
+        }
+        let save = self.pos;
+        for w in ["global", "local"] {
+            self.eat(w);
+        }
+        for w in ["temp", "temporary", "unlogged"] {
+            self.eat(w);
+        }
+        if self.eat("table") {
+            return self.create_table();
+        }
+        self.pos = save;
+        Ok(None)
+    }
+
+    fn create_database(&mut self) -> R<Option<Statement>> {
+        let if_not_exists = if self.eat("if") {
+            self.expect("not")?;
+            self.expect("exists")?;
+            true
+        } else {
+            false
+        };
+        let name = self.ident()?;
+        let (mut primary_region, mut regions, mut survival, mut placement, mut secondary_region) =
+            (None, Vec::new(), None, None, None);
+        let mut ours = false;
+        while self.peek().is_some() {
+            let before = self.pos;
+            match self.peek_word() {
+                Some("primary") if primary_region.is_none() => {
+                    self.pos += 1;
+                    self.expect("region")?;
+                    self.eat_punct('=');
+                    primary_region = Some(self.region()?);
+                }
+                Some("regions") if regions.is_empty() => {
+                    self.pos += 1;
+                    self.eat_punct('=');
+                    regions.push(self.region()?);
+                    while self.eat_punct(',') {
+                        regions.push(self.region()?);
+                    }
+                }
+                Some("survive") if survival.is_none() => {
+                    self.pos += 1;
+                    self.eat_punct('=');
+                    survival = Some(self.survival_goal()?);
+                }
+                Some("placement") if placement.is_none() => {
+                    self.pos += 1;
+                    placement = Some(self.placement()?);
+                }
+                Some("secondary") if secondary_region.is_none() => {
+                    self.pos += 1;
+                    self.expect("region")?;
+                    self.eat_punct('=');
+                    secondary_region = Some(self.region()?);
+                }
+                // PostgreSQL's own options: the statement is PostgreSQL's unless it mixes them
+                // with ours, which no translation could keep.
+                _ if !ours => return Ok(None),
+                _ => return Err(self.error()),
+            }
+            ours = ours || self.pos > before;
+        }
+        if !ours {
+            return Ok(None);
+        }
+        Ok(Some(Statement::CreateDatabase {
+            name,
+            if_not_exists,
+            primary_region,
+            regions,
+            survival,
+            placement,
+            secondary_region,
+        }))
+    }
+
+    fn survival_goal(&mut self) -> R<SurvivalGoal> {
+        let goal = if self.eat("region") {
+            SurvivalGoal::Region
+        } else if self.eat("zone") {
+            SurvivalGoal::Zone
+        } else {
+            return Err(self.error());
+        };
+        self.expect("failure")?;
+        Ok(goal)
+    }
+
+    fn placement(&mut self) -> R<Placement> {
+        if self.eat("restricted") {
+            Ok(Placement::Restricted)
+        } else if self.eat("default") {
+            Ok(Placement::Default)
+        } else {
+            Err(self.error())
+        }
+    }
+
+    fn alter(&mut self) -> R<Option<Statement>> {
+        self.pos += 1;
+        if self.eat("database") {
+            return self.alter_database();
+        }
+        if self.eat("table") {
+            return self.alter_table();
+        }
+        Ok(None)
+    }
+
+    fn alter_database(&mut self) -> R<Option<Statement>> {
+        let database = self.ident()?;
+        let stmt = match (self.peek_word(), self.peek_word_at(1)) {
+            (Some("set"), Some("primary")) | (Some("primary"), _) => {
+                self.eat("set");
+                self.expect("primary")?;
+                self.expect("region")?;
+                self.eat_punct('=');
+                Statement::AlterDatabasePrimaryRegion {
+                    database,
+                    region: self.region()?,
+                }
+            }
+            (Some("set"), Some("secondary")) => {
+                self.pos += 2;
+                self.expect("region")?;
+                self.eat_punct('=');
+                Statement::AlterDatabaseSecondaryRegion {
+                    database,
+                    region: Some(self.region()?),
+                }
+            }
+            (Some("drop"), Some("secondary")) => {
+                self.pos += 2;
+                self.expect("region")?;
+                Statement::AlterDatabaseSecondaryRegion {
+                    database,
+                    region: None,
+                }
+            }
+            (Some("add"), Some("region")) => {
+                self.pos += 2;
+                let if_not_exists = if self.eat("if") {
+                    self.expect("not")?;
+                    self.expect("exists")?;
+                    true
+                } else {
+                    false
+                };
+                Statement::AlterDatabaseAddRegion {
+                    database,
+                    region: self.region()?,
+                    if_not_exists,
+                }
+            }
+            (Some("drop"), Some("region")) => {
+                self.pos += 2;
+                let if_exists = if self.eat("if") {
+                    self.expect("exists")?;
+                    true
+                } else {
+                    false
+                };
+                Statement::AlterDatabaseDropRegion {
+                    database,
+                    region: self.region()?,
+                    if_exists,
+                }
+            }
+            (Some("survive"), _) => {
+                self.pos += 1;
+                self.eat_punct('=');
+                Statement::AlterDatabaseSurvival {
+                    database,
+                    goal: self.survival_goal()?,
+                }
+            }
+            (Some("placement"), _) => {
+                self.pos += 1;
+                Statement::AlterDatabasePlacement {
+                    database,
+                    placement: self.placement()?,
+                }
+            }
+            _ => return Ok(None),
+        };
+        self.end()?;
+        Ok(Some(stmt))
+    }
+
+    fn alter_table(&mut self) -> R<Option<Statement>> {
+        let start = self.pos;
+        if self.eat("if") {
+            self.expect("exists")?;
+        }
+        let table = self.object_name()?;
+        if self.peek_word() == Some("set") && self.peek_word_at(1) == Some("locality") {
+            self.pos += 2;
+            let locality = self.locality()?;
+            self.end()?;
+            return Ok(Some(Statement::AlterTableSetLocality { table, locality }));
+        }
+        self.pos = start;
+        Ok(self
+            .rewrite_computed()?
+            .map(|sql| Statement::Rewritten { sql }))
+    }
+
+    /// After the word LOCALITY.
+    fn locality(&mut self) -> R<Locality> {
+        if self.eat("global") {
+            return Ok(Locality::Global);
+        }
+        self.expect("regional")?;
+        if self.eat("by") {
+            if self.eat("row") {
+                let column = if self.eat("as") {
+                    Some(self.ident()?)
+                } else {
+                    None
+                };
+                return Ok(Locality::RegionalByRow { column });
+            }
+            self.expect("table")?;
+        }
+        let region = if self.eat("in") {
+            if self.peek_word() == Some("primary") && self.peek_word_at(1) == Some("region") {
+                self.pos += 2;
+                None
+            } else {
+                Some(self.region()?)
+            }
+        } else {
+            None
+        };
+        Ok(Locality::RegionalByTable { region })
+    }
+
+    fn create_table(&mut self) -> R<Option<Statement>> {
+        if self.eat("if") {
+            self.expect("not")?;
+            self.expect("exists")?;
+        }
+        let table = self.object_name()?;
+        // LOCALITY at parenthesis depth 0, after the column list.
+        let mut depth = 0i32;
+        let mut locality_at = None;
+        for (i, t) in self.toks.iter().enumerate().skip(self.pos) {
+            match &t.tok {
+                Tok::Punct('(') => depth += 1,
+                Tok::Punct(')') => depth -= 1,
+                Tok::Word(w) if w == "locality" && depth == 0 => {
+                    locality_at = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let (body_end, locality) = match locality_at {
+            Some(i) => {
+                self.pos = i + 1;
+                let l = self.locality()?;
+                self.end()?;
+                (self.toks[i].start, Some(l))
+            }
+            None => (self.sql.len(), None),
+        };
+        let body = self.sql[..body_end].trim_end();
+        let rewritten = self.rewrite_computed_in(body)?;
+        if locality.is_none() && rewritten.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Statement::CreateTable {
+            table,
+            sql: rewritten.unwrap_or_else(|| body.to_string()),
+            locality,
+        }))
+    }
+
+    fn rewrite_computed(&self) -> R<Option<String>> {
+        self.rewrite_computed_in(self.sql.trim_end())
+    }
+
+    /// CockroachDB's computed column `c t AS (expr) STORED` as PostgreSQL's
+    /// `c t GENERATED ALWAYS AS (expr) STORED`, within `text` (a prefix of the statement).
+    fn rewrite_computed_in(&self, text: &str) -> R<Option<String>> {
+        let toks: Vec<&Token> = self.toks.iter().filter(|t| t.end <= text.len()).collect();
+        let mut out = String::new();
+        let mut copied = 0;
+        for (i, t) in toks.iter().enumerate() {
+            if t.word() != Some("as") || i == 0 || toks[i - 1].word() == Some("always") {
+                continue;
+            }
+            if !matches!(toks.get(i + 1).map(|t| &t.tok), Some(Tok::Punct('('))) {
+                continue;
+            }
+            // The matching parenthesis, then STORED or VIRTUAL.
+            let mut depth = 0i32;
+            let mut close = None;
+            for (j, u) in toks.iter().enumerate().skip(i + 1) {
+                match u.tok {
+                    Tok::Punct('(') => depth += 1,
+                    Tok::Punct(')') => {
+                        depth -= 1;
+                        if depth == 0 {
+                            close = Some(j);
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let Some(close) = close else { continue };
+            match toks.get(close + 1).and_then(|t| t.word()) {
+                Some("stored") => {
+                    out.push_str(&text[copied..t.start]);
+                    out.push_str("GENERATED ALWAYS AS");
+                    copied = t.end;
+                }
+                Some("virtual") => {
+                    return Err(SyntaxError::at(
+                        self.sql,
+                        toks[close + 1].start,
+                        "virtual computed columns are not supported; use STORED",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if copied == 0 {
+            return Ok(None);
+        }
+        out.push_str(&text[copied..]);
+        Ok(Some(out))
+    }
+
+    fn show(&mut self) -> R<Option<Statement>> {
+        self.pos += 1;
+        let stmt = match self.peek_word() {
+            Some("regions") => {
+                self.pos += 1;
+                let which = if self.eat("from") {
+                    if self.eat("cluster") {
+                        ShowRegions::Cluster
+                    } else if self.eat("database") {
+                        ShowRegions::Database(if self.peek().is_some() {
+                            Some(self.ident()?)
+                        } else {
+                            None
+                        })
+                    } else if self.eat("all") {
+                        self.expect("databases")?;
+                        ShowRegions::AllDatabases
+                    } else {
+                        return Err(self.error());
+                    }
+                } else {
+                    ShowRegions::All
+                };
+                Statement::ShowRegions(which)
+            }
+            Some("survival") => {
+                self.pos += 1;
+                self.expect("goal")?;
+                let database = if self.eat("from") {
+                    self.expect("database")?;
+                    if self.peek().is_some() {
+                        Some(self.ident()?)
+                    } else {
+                        None
+                    }
+                } else {
+                    None
+                };
+                Statement::ShowSurvivalGoal { database }
+            }
+            Some("all") if self.peek_word_at(1) == Some("zone") => {
+                self.pos += 2;
+                self.expect("configurations")?;
+                Statement::ShowZoneConfigurations
+            }
+            Some("zone") => {
+                self.pos += 1;
+                if self.eat("configurations") {
+                    Statement::ShowZoneConfigurations
+                } else {
+                    self.expect("configuration")?;
+                    let target = if self.eat("from") || self.eat("for") {
+                        self.zone_target()?
+                    } else {
+                        ZoneTarget::Default
+                    };
+                    Statement::ShowZoneConfiguration(target)
+                }
+            }
+            Some("locality") => {
+                self.pos += 1;
+                Statement::ShowLocality
+            }
+            Some("tables") => {
+                self.pos += 1;
+                let from = if self.eat("from") {
+                    Some(self.object_name()?)
+                } else {
+                    None
+                };
+                Statement::ShowTables { from }
+            }
+            _ => return Ok(None),
+        };
+        self.end()?;
+        Ok(Some(stmt))
+    }
+
+    fn zone_target(&mut self) -> R<ZoneTarget> {
+        if self.eat("range") {
+            self.expect("default")?;
+            return Ok(ZoneTarget::Default);
+        }
+        if self.eat("database") {
+            return Ok(ZoneTarget::Database(self.ident()?));
+        }
+        if self.eat("table") {
+            return Ok(ZoneTarget::Table(self.object_name()?));
+        }
+        if self.eat("index") {
+            let (table, index) = self.table_at_index()?;
+            return Ok(ZoneTarget::Index { table, index });
+        }
+        if self.eat("partition") {
+            let partition = self.region()?;
+            self.expect("of")?;
+            if self.eat("table") {
+                return Ok(ZoneTarget::Partition {
+                    partition,
+                    table: self.object_name()?,
+                    index: None,
+                });
+            }
+            self.expect("index")?;
+            let (table, index) = self.table_at_index()?;
+            return Ok(ZoneTarget::Partition {
+                partition,
+                table,
+                index: Some(index),
+            });
+        }
+        Err(self.error())
+    }
+
+    /// `table@index`.
+    fn table_at_index(&mut self) -> R<(ObjectName, String)> {
+        let table = self.object_name()?;
+        if !self.eat_punct('@') {
+            return Err(self.error());
+        }
+        Ok((table, self.ident()?))
+    }
+}

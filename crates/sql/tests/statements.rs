@@ -1,0 +1,374 @@
+//! The translator on CockroachDB's statements: the MovR tutorial's Step 5 verbatim, every
+//! form of the region, survival and locality DDL and the SHOW statements, what it leaves to
+//! PostgreSQL, syntax errors with positions, and no panic on any input.
+
+use mr_sql::*;
+
+fn ok(sql: &str) -> Statement {
+    parse(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .unwrap_or_else(|| panic!("{sql}: not recognized"))
+}
+
+fn name(parts: &[&str]) -> ObjectName {
+    ObjectName(parts.iter().map(|p| p.to_string()).collect())
+}
+
+#[test]
+fn the_movr_tutorial_step_5_parses_verbatim() {
+    assert_eq!(
+        ok(r#"ALTER DATABASE movr PRIMARY REGION "us-east1";"#),
+        Statement::AlterDatabasePrimaryRegion {
+            database: "movr".into(),
+            region: "us-east1".into()
+        }
+    );
+    assert_eq!(
+        ok(r#"ALTER DATABASE movr ADD REGION "europe-west1";"#),
+        Statement::AlterDatabaseAddRegion {
+            database: "movr".into(),
+            region: "europe-west1".into(),
+            if_not_exists: false
+        }
+    );
+    assert_eq!(
+        ok("ALTER TABLE promo_codes SET locality GLOBAL;"),
+        Statement::AlterTableSetLocality {
+            table: name(&["promo_codes"]),
+            locality: Locality::Global
+        }
+    );
+    // A plain PostgreSQL statement in the middle of the tutorial is PostgreSQL's.
+    assert_eq!(
+        parse(
+            "ALTER TABLE user_promo_codes\n  ADD CONSTRAINT user_promo_codes_code_fk\n    FOREIGN KEY (code)\n    REFERENCES promo_codes (code)\n    ON UPDATE CASCADE;"
+        ),
+        Ok(None)
+    );
+    let computed = "ALTER TABLE rides ADD COLUMN region crdb_internal_region AS (\n  CASE WHEN city = 'amsterdam' THEN 'europe-west1'\n       WHEN city = 'new york' THEN 'us-east1'\n  END\n) STORED;";
+    match ok(computed) {
+        Statement::Rewritten { sql } => assert_eq!(
+            sql,
+            "ALTER TABLE rides ADD COLUMN region crdb_internal_region GENERATED ALWAYS AS (\n  CASE WHEN city = 'amsterdam' THEN 'europe-west1'\n       WHEN city = 'new york' THEN 'us-east1'\n  END\n) STORED;"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        parse("ALTER TABLE rides ALTER COLUMN REGION SET NOT NULL;"),
+        Ok(None)
+    );
+    assert_eq!(
+        ok(r#"ALTER TABLE rides SET LOCALITY REGIONAL BY ROW AS "region";"#),
+        Statement::AlterTableSetLocality {
+            table: name(&["rides"]),
+            locality: Locality::RegionalByRow {
+                column: Some("region".into())
+            }
+        }
+    );
+}
+
+#[test]
+fn every_database_form() {
+    assert_eq!(
+        ok(
+            r#"CREATE DATABASE IF NOT EXISTS movr PRIMARY REGION "us-east1" REGIONS "us-west1", 'europe-west1' SURVIVE REGION FAILURE"#
+        ),
+        Statement::CreateDatabase {
+            name: "movr".into(),
+            if_not_exists: true,
+            primary_region: Some("us-east1".into()),
+            regions: vec!["us-west1".into(), "europe-west1".into()],
+            survival: Some(SurvivalGoal::Region),
+            placement: None,
+            secondary_region: None,
+        }
+    );
+    assert!(matches!(
+        ok("create database d primary region = r1 regions = r2 placement restricted"),
+        Statement::CreateDatabase {
+            placement: Some(Placement::Restricted),
+            ..
+        }
+    ));
+    assert_eq!(parse("CREATE DATABASE plain"), Ok(None));
+    assert_eq!(
+        parse("CREATE DATABASE plain TEMPLATE template0 ENCODING 'UTF8'"),
+        Ok(None)
+    );
+    assert!(parse("CREATE DATABASE d PRIMARY REGION r TEMPLATE template0").is_err());
+    let alter = |s: &str| ok(&format!("ALTER DATABASE movr {s}"));
+    assert!(matches!(
+        alter("SET PRIMARY REGION us_east"),
+        Statement::AlterDatabasePrimaryRegion { .. }
+    ));
+    assert!(matches!(
+        alter(r#"ADD REGION IF NOT EXISTS "x""#),
+        Statement::AlterDatabaseAddRegion {
+            if_not_exists: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        alter(r#"DROP REGION IF EXISTS "x""#),
+        Statement::AlterDatabaseDropRegion {
+            if_exists: true,
+            ..
+        }
+    ));
+    assert_eq!(
+        alter("SURVIVE ZONE FAILURE"),
+        Statement::AlterDatabaseSurvival {
+            database: "movr".into(),
+            goal: SurvivalGoal::Zone
+        }
+    );
+    assert!(matches!(
+        alter("PLACEMENT DEFAULT"),
+        Statement::AlterDatabasePlacement {
+            placement: Placement::Default,
+            ..
+        }
+    ));
+    assert!(matches!(
+        alter(r#"SET SECONDARY REGION "us-west1""#),
+        Statement::AlterDatabaseSecondaryRegion {
+            region: Some(_),
+            ..
+        }
+    ));
+    assert!(matches!(
+        alter("DROP SECONDARY REGION"),
+        Statement::AlterDatabaseSecondaryRegion { region: None, .. }
+    ));
+    // PostgreSQL's ALTER DATABASE forms pass through.
+    assert_eq!(
+        parse("ALTER DATABASE movr SET work_mem TO '64MB'"),
+        Ok(None)
+    );
+    assert_eq!(parse("ALTER DATABASE movr RENAME TO movr2"), Ok(None));
+}
+
+#[test]
+fn every_locality_form() {
+    let set = |l: &str| match ok(&format!("ALTER TABLE s.t SET LOCALITY {l}")) {
+        Statement::AlterTableSetLocality { table, locality } => {
+            assert_eq!(table, name(&["s", "t"]));
+            locality
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(set("GLOBAL"), Locality::Global);
+    assert_eq!(
+        set("REGIONAL BY TABLE"),
+        Locality::RegionalByTable { region: None }
+    );
+    assert_eq!(
+        set("REGIONAL BY TABLE IN PRIMARY REGION"),
+        Locality::RegionalByTable { region: None }
+    );
+    assert_eq!(
+        set(r#"REGIONAL BY TABLE IN "us-west1""#),
+        Locality::RegionalByTable {
+            region: Some("us-west1".into())
+        }
+    );
+    assert_eq!(
+        set(r#"REGIONAL IN "us-west1""#),
+        Locality::RegionalByTable {
+            region: Some("us-west1".into())
+        }
+    );
+    assert_eq!(
+        set("REGIONAL BY ROW"),
+        Locality::RegionalByRow { column: None }
+    );
+    assert_eq!(
+        set("regional by row as Home"),
+        Locality::RegionalByRow {
+            column: Some("home".into())
+        }
+    );
+}
+
+#[test]
+fn create_table_with_locality_and_computed_columns() {
+    match ok(
+        r#"CREATE TABLE users (id UUID PRIMARY KEY, city STRING, r crdb_internal_region AS (CASE WHEN city = 'rome' THEN 'europe-west1' END) STORED) LOCALITY REGIONAL BY ROW AS r;"#,
+    ) {
+        Statement::CreateTable {
+            table,
+            sql,
+            locality,
+        } => {
+            assert_eq!(table, name(&["users"]));
+            assert_eq!(
+                sql,
+                "CREATE TABLE users (id UUID PRIMARY KEY, city STRING, r crdb_internal_region GENERATED ALWAYS AS (CASE WHEN city = 'rome' THEN 'europe-west1' END) STORED)"
+            );
+            assert_eq!(
+                locality,
+                Some(Locality::RegionalByRow {
+                    column: Some("r".into())
+                })
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    match ok("create table if not exists promo (code text primary key) locality global") {
+        Statement::CreateTable { sql, locality, .. } => {
+            assert_eq!(
+                sql,
+                "create table if not exists promo (code text primary key)"
+            );
+            assert_eq!(locality, Some(Locality::Global));
+        }
+        other => panic!("{other:?}"),
+    }
+    // PostgreSQL's own generated columns and plain tables are left alone.
+    assert_eq!(
+        parse("CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a * 2) STORED)"),
+        Ok(None)
+    );
+    assert_eq!(parse("CREATE TABLE t AS SELECT 1 AS (x)"), Ok(None));
+    assert_eq!(parse("CREATE TABLE t (a int)"), Ok(None));
+    // A column named locality is not the clause.
+    assert_eq!(parse("CREATE TABLE t (locality text)"), Ok(None));
+    assert!(parse("CREATE TABLE t (a int, b int AS (a) VIRTUAL)").is_err());
+}
+
+#[test]
+fn every_show_form() {
+    assert_eq!(ok("SHOW REGIONS"), Statement::ShowRegions(ShowRegions::All));
+    assert_eq!(
+        ok("SHOW REGIONS FROM CLUSTER"),
+        Statement::ShowRegions(ShowRegions::Cluster)
+    );
+    assert_eq!(
+        ok("SHOW REGIONS FROM DATABASE"),
+        Statement::ShowRegions(ShowRegions::Database(None))
+    );
+    assert_eq!(
+        ok("show regions from database movr;"),
+        Statement::ShowRegions(ShowRegions::Database(Some("movr".into())))
+    );
+    assert_eq!(
+        ok("SHOW REGIONS FROM ALL DATABASES"),
+        Statement::ShowRegions(ShowRegions::AllDatabases)
+    );
+    assert_eq!(
+        ok("SHOW SURVIVAL GOAL"),
+        Statement::ShowSurvivalGoal { database: None }
+    );
+    assert_eq!(
+        ok("SHOW SURVIVAL GOAL FROM DATABASE movr"),
+        Statement::ShowSurvivalGoal {
+            database: Some("movr".into())
+        }
+    );
+    assert_eq!(
+        ok("SHOW ZONE CONFIGURATIONS"),
+        Statement::ShowZoneConfigurations
+    );
+    assert_eq!(
+        ok("SHOW ALL ZONE CONFIGURATIONS"),
+        Statement::ShowZoneConfigurations
+    );
+    assert_eq!(
+        ok("SHOW ZONE CONFIGURATION FROM RANGE default"),
+        Statement::ShowZoneConfiguration(ZoneTarget::Default)
+    );
+    assert_eq!(
+        ok("SHOW ZONE CONFIGURATION FROM DATABASE movr"),
+        Statement::ShowZoneConfiguration(ZoneTarget::Database("movr".into()))
+    );
+    assert_eq!(
+        ok("SHOW ZONE CONFIGURATION FROM TABLE movr.public.users"),
+        Statement::ShowZoneConfiguration(ZoneTarget::Table(name(&["movr", "public", "users"])))
+    );
+    assert_eq!(
+        ok(r#"SHOW ZONE CONFIGURATION FROM PARTITION "us-east1" OF INDEX users@users_pkey"#),
+        Statement::ShowZoneConfiguration(ZoneTarget::Partition {
+            partition: "us-east1".into(),
+            table: name(&["users"]),
+            index: Some("users_pkey".into())
+        })
+    );
+    assert_eq!(ok("SHOW LOCALITY"), Statement::ShowLocality);
+    assert_eq!(
+        ok("SHOW TABLES FROM movr"),
+        Statement::ShowTables {
+            from: Some(name(&["movr"]))
+        }
+    );
+    // PostgreSQL's SHOW is PostgreSQL's.
+    assert_eq!(parse("SHOW search_path"), Ok(None));
+    assert_eq!(parse("SELECT 1"), Ok(None));
+}
+
+#[test]
+fn malformed_statements_are_syntax_errors_with_positions() {
+    let err = parse("ALTER DATABASE movr ADD REGION").unwrap_err();
+    assert_eq!(err.message, "syntax error at end of input");
+    assert_eq!(err.position, 31);
+    let err = parse("ALTER DATABASE movr SURVIVE CITY FAILURE").unwrap_err();
+    assert_eq!(err.message, "syntax error at or near \"CITY\"");
+    assert_eq!(err.position, 29);
+    let err = parse("ALTER TABLE t SET LOCALITY REGIONAL BY COLUMN").unwrap_err();
+    assert_eq!(err.message, "syntax error at or near \"COLUMN\"");
+    let err = parse("SHOW REGIONS FROM somewhere").unwrap_err();
+    assert_eq!(err.position, 19);
+    // Positions count characters, not bytes.
+    let err = parse("ALTER DATABASE \"zürich\" ADD REGION 'r' extra").unwrap_err();
+    assert_eq!(err.position, 40);
+    assert_eq!(
+        err.to_string(),
+        "syntax error at or near \"extra\" at character 40"
+    );
+    assert!(parse("ALTER DATABASE movr ADD REGION ''").is_err());
+}
+
+/// Whatever the input — random bytes, truncated and spliced statements — the parser answers
+/// without panicking.
+#[test]
+fn no_input_makes_it_panic() {
+    let seeds = [
+        r#"ALTER DATABASE movr PRIMARY REGION "us-east1";"#,
+        r#"CREATE TABLE t (a int, r crdb_internal_region AS (CASE WHEN a = 1 THEN 'x' END) STORED) LOCALITY REGIONAL BY ROW AS r"#,
+        "SHOW ZONE CONFIGURATION FROM PARTITION \"p\" OF INDEX a.b@c",
+        "ALTER TABLE t SET LOCALITY REGIONAL BY TABLE IN PRIMARY REGION",
+        "CREATE DATABASE d PRIMARY REGION r REGIONS a, b SURVIVE ZONE FAILURE PLACEMENT DEFAULT",
+        "select $1::text, $$dollar$$, e'x', /* c /* n */ */ 'it''s' -- tail",
+    ];
+    let pieces = [
+        "(", ")", "\"", "'", "$", "$$", "/*", "*/", "--", ";", "@", ".", ",", "=", "AS",
+        "LOCALITY", "REGION", "ü", "\u{0}", "\n", "STORED", "VIRTUAL", "IN", "BY", "ROW",
+    ];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n as u64) as usize
+    };
+    for seed in seeds {
+        let chars: Vec<char> = seed.chars().collect();
+        for cut in 0..=chars.len() {
+            let s: String = chars[..cut].iter().collect();
+            let _ = parse(&s);
+        }
+    }
+    for _ in 0..20_000 {
+        let seed: Vec<char> = seeds[next(seeds.len())].chars().collect();
+        let mut s: String = seed[..next(seed.len() + 1)].iter().collect();
+        for _ in 0..next(4) {
+            s.push_str(pieces[next(pieces.len())]);
+            s.push(' ');
+        }
+        let rest: String = seed[next(seed.len() + 1)..].iter().collect();
+        s.push_str(&rest);
+        let _ = parse(&s);
+        let bytes: Vec<u8> = (0..next(40)).map(|_| next(256) as u8).collect();
+        let _ = parse(&String::from_utf8_lossy(&bytes));
+    }
+}
