@@ -64,8 +64,12 @@ fn main() -> ExitCode {
 fn chain(e: &anyhow::Error) -> String {
     let mut s = e.to_string();
     for cause in e.chain().skip(1) {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
+        // Some errors already print their source in their own message; say it once.
+        let cause = cause.to_string();
+        if !s.contains(&cause) {
+            s.push_str(": ");
+            s.push_str(&cause);
+        }
     }
     s
 }
