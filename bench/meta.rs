@@ -78,12 +78,14 @@ async fn wait_voters(node: &Node, n: usize) {
     }
 }
 
-async fn timed_writes(node: &Node, n: usize) -> Stats {
+/// Runs `sql` (with `$1` bound to the iteration number) `n` times on one connection to
+/// `node`, timing each.
+async fn timed(node: &Node, n: usize, sql: &str) -> Stats {
     let mut c = node.sql().await;
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
         let t = Instant::now();
-        sqlx::query("SELECT multiregion.set_cluster_setting('bench.value', $1)")
+        sqlx::query(sql)
             .bind(i.to_string())
             .execute(&mut c)
             .await
@@ -93,20 +95,22 @@ async fn timed_writes(node: &Node, n: usize) -> Stats {
     stats(v)
 }
 
+async fn timed_writes(node: &Node, n: usize) -> Stats {
+    timed(
+        node,
+        n,
+        "SELECT multiregion.set_cluster_setting('bench.value', $1)",
+    )
+    .await
+}
+
 async fn timed_reads(node: &Node, n: usize) -> Stats {
-    let mut c = node.sql().await;
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        sqlx::query(
-            "SELECT value FROM multiregion.cluster_settings WHERE variable = 'bench.value'",
-        )
-        .fetch_optional(&mut c)
-        .await
-        .unwrap();
-        v.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    stats(v)
+    timed(
+        node,
+        n,
+        "SELECT value FROM multiregion.cluster_settings WHERE variable = 'bench.value' AND $1 IS NOT NULL",
+    )
+    .await
 }
 
 /// A local PostgreSQL write on the same node, through the same client: the part of each
@@ -117,17 +121,7 @@ async fn timed_local(node: &Node, n: usize) -> Stats {
         .execute(&mut c)
         .await
         .unwrap();
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n {
-        let t = Instant::now();
-        sqlx::query("UPDATE bench_kv SET v = $1 WHERE k = 1")
-            .bind(i.to_string())
-            .execute(&mut c)
-            .await
-            .unwrap();
-        v.push(t.elapsed().as_secs_f64() * 1000.0);
-    }
-    stats(v)
+    timed(node, n, "UPDATE bench_kv SET v = $1 WHERE k = 1").await
 }
 
 async fn region_of(c: &mut PgConnection, id: i64) -> String {

@@ -90,6 +90,18 @@ impl<'a> Parser<'a> {
         }
     }
 
+    /// `IF EXISTS` (or, with `not`, `IF NOT EXISTS`) if present.
+    fn if_exists(&mut self, not: bool) -> R<bool> {
+        if !self.eat("if") {
+            return Ok(false);
+        }
+        if not {
+            self.expect("not")?;
+        }
+        self.expect("exists")?;
+        Ok(true)
+    }
+
     fn end(&self) -> R<()> {
         match self.peek() {
             None => Ok(()),
@@ -172,13 +184,7 @@ impl<'a> Parser<'a> {
     }
 
     fn create_database(&mut self) -> R<Option<Statement>> {
-        let if_not_exists = if self.eat("if") {
-            self.expect("not")?;
-            self.expect("exists")?;
-            true
-        } else {
-            false
-        };
+        let if_not_exists = self.if_exists(true)?;
         let name = self.ident()?;
         let (mut primary_region, mut regions, mut survival, mut placement, mut secondary_region) =
             (None, Vec::new(), None, None, None);
@@ -301,13 +307,7 @@ impl<'a> Parser<'a> {
             }
             (Some("add"), Some("region")) => {
                 self.pos += 2;
-                let if_not_exists = if self.eat("if") {
-                    self.expect("not")?;
-                    self.expect("exists")?;
-                    true
-                } else {
-                    false
-                };
+                let if_not_exists = self.if_exists(true)?;
                 Statement::AlterDatabaseAddRegion {
                     database,
                     region: self.region()?,
@@ -316,12 +316,7 @@ impl<'a> Parser<'a> {
             }
             (Some("drop"), Some("region")) => {
                 self.pos += 2;
-                let if_exists = if self.eat("if") {
-                    self.expect("exists")?;
-                    true
-                } else {
-                    false
-                };
+                let if_exists = self.if_exists(false)?;
                 Statement::AlterDatabaseDropRegion {
                     database,
                     region: self.region()?,
@@ -351,9 +346,7 @@ impl<'a> Parser<'a> {
 
     fn alter_table(&mut self) -> R<Option<Statement>> {
         let start = self.pos;
-        if self.eat("if") {
-            self.expect("exists")?;
-        }
+        self.if_exists(false)?;
         let table = self.object_name()?;
         if self.peek_word() == Some("set") && self.peek_word_at(1) == Some("locality") {
             self.pos += 2;
@@ -398,10 +391,7 @@ impl<'a> Parser<'a> {
     }
 
     fn create_table(&mut self) -> R<Option<Statement>> {
-        if self.eat("if") {
-            self.expect("not")?;
-            self.expect("exists")?;
-        }
+        self.if_exists(true)?;
         let table = self.object_name()?;
         // LOCALITY at parenthesis depth 0, after the column list.
         let mut depth = 0i32;
