@@ -3,7 +3,8 @@
 //! pgmr replicates this state through the meta Raft group: every node applies the same
 //! [`Proposal`]s in the same order and so holds the same [`MetaState`]. It is the source of
 //! truth for nodes and their liveness, database region configurations, table localities,
-//! ranges with their replica sets, and leases.
+//! ranges with their replica sets, leases, and each database's log of multi-region schema
+//! changes with how far every node has applied it.
 //!
 //! Rules this crate keeps, and must never depend on pgrx, tokio or any I/O to keep:
 //!
@@ -13,7 +14,7 @@
 //!   re-submitted after a leader change (and so perhaps committed twice) returns the first
 //!   result instead of applying again.
 //! * **Readable forever.** Snapshots carry a format number; this release reads every format it
-//!   has ever written ([`snapshot`]), and a golden file in `tests/` pins format 1.
+//!   has ever written ([`snapshot`]), and golden files in `tests/` pin each format.
 
 mod liveness;
 mod model;
@@ -23,4 +24,7 @@ mod state;
 
 pub use liveness::{NodeStatus, DEAD_AFTER_MS, SUSPECT_AFTER_MS};
 pub use model::*;
-pub use state::{ClientId, Command, Event, MetaError, MetaState, Outcome, Proposal, EVENT_LOG_LEN};
+pub use state::{
+    ClientId, Command, Event, MetaError, MetaState, Outcome, Proposal, SchemaChange, SchemaLog,
+    EVENT_LOG_LEN,
+};

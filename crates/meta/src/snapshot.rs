@@ -10,7 +10,8 @@ use serde::Deserialize;
 ///
 /// * 1: nodes, databases, table localities, ranges, leases, sessions.
 /// * 2: adds cluster settings and the event log.
-pub const FORMAT: u32 = 2;
+/// * 3: adds each database's schema log.
+pub const FORMAT: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -33,10 +34,11 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Format 2 only added fields; format 1 reads as a format 2 state with no settings and
-        // an empty event log (their `#[serde(default)]`). A format that changes a field's
-        // shape adds an arm here that reads the old shape and converts it.
-        1 | 2 => Ok(serde_json::from_value(env.state)?),
+        // Formats 2 and 3 only added fields; an older format reads as a format 3 state with
+        // no settings, an empty event log and no schema logs (their `#[serde(default)]`). A
+        // format that changes a field's shape adds an arm here that reads the old shape and
+        // converts it.
+        1..=3 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

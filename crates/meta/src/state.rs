@@ -66,13 +66,73 @@ pub enum Command {
         name: String,
         value: Option<String>,
     },
+    /// A multi-region schema change, compare-and-set on the database's schema version: if
+    /// the version is still `expected_version` it becomes `expected_version + 1`, `change`
+    /// (opaque to pgmr: the extension writes and reads it) is appended to the database's
+    /// schema log, the database's configuration is replaced (`None`: it is no longer
+    /// multi-region) and each listed table locality is put (`Some`) or removed (`None`).
+    SchemaChange {
+        database: String,
+        expected_version: u64,
+        change: String,
+        config: Option<DatabaseConfig>,
+        #[serde(default)]
+        localities: Vec<(TableRef, Option<TableLocality>)>,
+        /// When the change was proposed (Unix ms, the proposer's clock).
+        at_ms: u64,
+    },
+    /// A node has applied its database's schema changes up to `version` to its PostgreSQL.
+    SchemaApplied {
+        node_id: NodeId,
+        database: String,
+        version: u64,
+    },
 }
 
 impl Command {
-    /// Whether applying it is recorded in the event log. Heartbeats are not: they are
-    /// frequent, and their effect (the latest heartbeat) is in the node record.
+    /// Whether applying it is recorded in the event log. Heartbeats and schema-applied
+    /// reports are not: they are frequent (one per node per change), and their effect is in
+    /// the node record and the schema log.
     fn logged(&self) -> bool {
-        !matches!(self, Command::Heartbeat { .. })
+        !matches!(
+            self,
+            Command::Heartbeat { .. } | Command::SchemaApplied { .. }
+        )
+    }
+}
+
+/// One database's multi-region schema changes, in the order every node applies them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaLog {
+    /// The latest version: the number of changes ever made; 0 means never changed.
+    pub version: u64,
+    /// Every change, oldest first; `changes[i].version == i + 1`.
+    pub changes: Vec<SchemaChange>,
+    /// The highest version each node has reported applied to its PostgreSQL.
+    pub applied: BTreeMap<NodeId, u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaChange {
+    pub version: u64,
+    /// When it was proposed (Unix ms, the proposer's clock).
+    pub at_ms: u64,
+    /// Opaque to pgmr: produced and applied by the extension.
+    pub change: String,
+}
+
+impl SchemaLog {
+    /// The version `node` has reported applied (0 if none).
+    pub fn applied_by(&self, node: NodeId) -> u64 {
+        self.applied.get(&node).copied().unwrap_or(0)
+    }
+
+    /// The changes after `version`, oldest first.
+    pub fn changes_after(&self, version: u64) -> &[SchemaChange] {
+        let from = usize::try_from(version)
+            .unwrap_or(usize::MAX)
+            .min(self.changes.len());
+        &self.changes[from..]
     }
 }
 
@@ -130,6 +190,20 @@ pub enum MetaError {
     NotAVoter { range_id: RangeId, holder: NodeId },
     #[error("{name:?} is not a valid cluster setting name")]
     BadSettingName { name: String },
+    #[error("concurrent schema change on database {database:?}: expected version {expected}, found {current}")]
+    SchemaVersionMismatch {
+        database: String,
+        expected: u64,
+        current: u64,
+    },
+    #[error("a schema change on database {database:?} names database {other:?}")]
+    SchemaWrongDatabase { database: String, other: String },
+    #[error("database {database:?} has no schema version {version} (the latest is {current})")]
+    NoSuchSchemaVersion {
+        database: String,
+        version: u64,
+        current: u64,
+    },
     #[error("proposal {seq} of this client was superseded by proposal {last}; its outcome is no longer known")]
     Superseded { seq: u64, last: u64 },
 }
@@ -139,9 +213,19 @@ pub enum MetaError {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Done,
-    NodeAdded { node_id: NodeId },
-    Lease { lease: Lease },
-    Rejected { error: MetaError },
+    NodeAdded {
+        node_id: NodeId,
+    },
+    Lease {
+        lease: Lease,
+    },
+    /// A schema change committed as this version of its database's schema log.
+    SchemaVersion {
+        version: u64,
+    },
+    Rejected {
+        error: MetaError,
+    },
 }
 
 /// The last proposal applied for one client, and what it produced.
@@ -176,6 +260,9 @@ pub struct MetaState {
     events: std::collections::VecDeque<Event>,
     #[serde(default)]
     last_event_id: u64,
+    /// Added in snapshot format 3; empty when read from formats 1 and 2.
+    #[serde(default)]
+    schemas: BTreeMap<String, SchemaLog>,
 }
 
 impl MetaState {
@@ -213,6 +300,14 @@ impl MetaState {
     }
     pub fn cluster_settings(&self) -> impl Iterator<Item = (&str, &str)> {
         self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    /// A database's schema log; `None` if its schema was never changed.
+    pub fn schema(&self, database: &str) -> Option<&SchemaLog> {
+        self.schemas.get(database)
+    }
+    /// Every database's schema log, by database name.
+    pub fn schemas(&self) -> impl Iterator<Item = (&str, &SchemaLog)> {
+        self.schemas.iter().map(|(k, v)| (k.as_str(), v))
     }
     /// The retained event log, oldest first.
     pub fn events(&self) -> impl Iterator<Item = &Event> {
@@ -434,13 +529,117 @@ impl MetaState {
                 };
                 Ok(Outcome::Done)
             }
+            Command::SchemaChange {
+                database,
+                expected_version,
+                change,
+                config,
+                localities,
+                at_ms,
+            } => self.schema_change(
+                database,
+                *expected_version,
+                change,
+                config.as_ref(),
+                localities,
+                *at_ms,
+            ),
+            Command::SchemaApplied {
+                node_id,
+                database,
+                version,
+            } => {
+                let current = self.schemas.get(database).map_or(0, |l| l.version);
+                if *version == 0 || *version > current {
+                    return Err(MetaError::NoSuchSchemaVersion {
+                        database: database.clone(),
+                        version: *version,
+                        current,
+                    });
+                }
+                let log = self.schemas.get_mut(database).expect("checked above");
+                let applied = log.applied.entry(*node_id).or_insert(0);
+                *applied = (*applied).max(*version);
+                Ok(Outcome::Done)
+            }
         }
+    }
+
+    /// [`Command::SchemaChange`]: checks everything first, so a refusal changes nothing.
+    fn schema_change(
+        &mut self,
+        database: &str,
+        expected_version: u64,
+        change: &str,
+        config: Option<&DatabaseConfig>,
+        localities: &[(TableRef, Option<TableLocality>)],
+        at_ms: u64,
+    ) -> Result<Outcome, MetaError> {
+        let current = self.schemas.get(database).map_or(0, |l| l.version);
+        if current != expected_version {
+            return Err(MetaError::SchemaVersionMismatch {
+                database: database.to_string(),
+                expected: expected_version,
+                current,
+            });
+        }
+        let wrong = |other: &str| MetaError::SchemaWrongDatabase {
+            database: database.to_string(),
+            other: other.to_string(),
+        };
+        if let Some(c) = config {
+            if c.database != database {
+                return Err(wrong(&c.database));
+            }
+            if !c.regions.contains(&c.primary_region) {
+                return Err(MetaError::PrimaryNotInRegions {
+                    region: c.primary_region.clone(),
+                });
+            }
+        }
+        for (t, l) in localities {
+            if t.database != database {
+                return Err(wrong(&t.database));
+            }
+            if l.is_some() && config.is_none() {
+                return Err(MetaError::NoSuchDatabase {
+                    database: database.to_string(),
+                });
+            }
+        }
+        match config {
+            Some(c) => {
+                self.databases.insert(database.to_string(), c.clone());
+            }
+            None => {
+                self.databases.remove(database);
+                self.tables.retain(|t, _| t.database != database);
+            }
+        }
+        for (t, l) in localities {
+            match l {
+                Some(l) => self.tables.insert(t.clone(), l.clone()),
+                None => self.tables.remove(t),
+            };
+        }
+        let log = self.schemas.entry(database.to_string()).or_default();
+        log.version += 1;
+        log.changes.push(SchemaChange {
+            version: log.version,
+            at_ms,
+            change: change.to_string(),
+        });
+        Ok(Outcome::SchemaVersion {
+            version: log.version,
+        })
     }
 }
 
 fn command_time(c: &Command) -> Option<u64> {
     match c {
-        Command::AddNode { at_ms, .. } | Command::Heartbeat { at_ms, .. } => Some(*at_ms),
+        Command::AddNode { at_ms, .. }
+        | Command::Heartbeat { at_ms, .. }
+        | Command::SchemaChange { at_ms, .. } => Some(*at_ms),
         Command::AcquireLease { start_ms, .. } => Some(*start_ms),
         _ => None,
     }

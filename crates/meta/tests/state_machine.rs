@@ -367,8 +367,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 3, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 3 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 4, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 4 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -388,6 +388,313 @@ fn format_2_snapshots_stay_readable() {
         vec![(1, 1), (1, 2), (9, 1), (9, 2), (9, 3), (9, 4), (9, 5)],
         "events in apply order"
     );
+    assert_eq!(s.schemas().count(), 0, "format 2 had no schema logs");
+}
+
+/// Format 3 (schema logs) reads back from its golden file.
+#[test]
+fn format_3_snapshots_stay_readable() {
+    let golden = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshot-v3.json"
+    ))
+    .expect("the golden snapshot is committed");
+    let s = snapshot::decode(&golden).expect("format 3 decodes");
+    assert_eq!(s.cluster_setting("sql.defaults.demo"), Some("on"));
+    let log = s.schema("movr").expect("movr has a schema log");
+    assert_eq!(log.version, 2);
+    let changes: Vec<(u64, &str)> = log
+        .changes
+        .iter()
+        .map(|c| (c.version, c.change.as_str()))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (1, r#"{"op":"add_region"}"#),
+            (2, r#"{"op":"set_locality"}"#)
+        ]
+    );
+    assert_eq!(log.applied_by(1), 2);
+    assert_eq!(log.applied_by(2), 1);
+    assert_eq!(log.applied_by(3), 0);
+    assert_eq!(s.table_locality(&table()), Some(&TableLocality::Global));
+    assert_eq!(
+        snapshot::decode(&snapshot::encode(&s)).unwrap(),
+        s,
+        "round trip"
+    );
+}
+
+fn schema_change(
+    expected_version: u64,
+    change: &str,
+    config: Option<DatabaseConfig>,
+    localities: Vec<(TableRef, Option<TableLocality>)>,
+) -> Command {
+    Command::SchemaChange {
+        database: "movr".into(),
+        expected_version,
+        change: change.into(),
+        config,
+        localities,
+        at_ms: T0 + 100 + expected_version,
+    }
+}
+
+fn applied(node_id: u64, version: u64) -> Command {
+    Command::SchemaApplied {
+        node_id,
+        database: "movr".into(),
+        version,
+    }
+}
+
+/// Schema changes are compare-and-set on the database's version: versions go 1, 2, 3, …,
+/// and a change prepared against an older version is refused with both versions named,
+/// changing nothing.
+#[test]
+fn schema_changes_are_compare_and_set_on_the_version() {
+    let mut s = cluster();
+    assert_eq!(s.schema("movr"), None, "never changed");
+    let out = propose(&mut s, 1, schema_change(0, "a", Some(movr()), vec![]));
+    assert_eq!(out, Outcome::SchemaVersion { version: 1 });
+    let out = propose(&mut s, 2, schema_change(1, "b", Some(movr()), vec![]));
+    assert_eq!(out, Outcome::SchemaVersion { version: 2 });
+    let before = s.clone();
+    // A second session raced from version 1 and loses.
+    let out = propose(&mut s, 3, schema_change(1, "c", Some(movr()), vec![]));
+    let error = MetaError::SchemaVersionMismatch {
+        database: "movr".into(),
+        expected: 1,
+        current: 2,
+    };
+    assert_eq!(
+        error.to_string(),
+        r#"concurrent schema change on database "movr": expected version 1, found 2"#
+    );
+    assert_eq!(out, Outcome::Rejected { error });
+    assert_eq!(s.schema("movr"), before.schema("movr"), "nothing changed");
+    assert_eq!(
+        s.events().count(),
+        before.events().count(),
+        "a refusal is not an event"
+    );
+    let out = propose(&mut s, 4, schema_change(2, "c", Some(movr()), vec![]));
+    assert_eq!(out, Outcome::SchemaVersion { version: 3 });
+    let log = s.schema("movr").unwrap();
+    assert_eq!(log.version, 3);
+    let seen: Vec<(u64, u64, &str)> = log
+        .changes
+        .iter()
+        .map(|c| (c.version, c.at_ms, c.change.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(1, T0 + 100, "a"), (2, T0 + 101, "b"), (3, T0 + 102, "c")]
+    );
+    let after: Vec<u64> = log.changes_after(1).iter().map(|c| c.version).collect();
+    assert_eq!(after, vec![2, 3]);
+    assert!(log.changes_after(3).is_empty());
+    assert!(log.changes_after(99).is_empty());
+    // Other databases have their own versions.
+    let other = Command::SchemaChange {
+        database: "bank".into(),
+        expected_version: 0,
+        change: "x".into(),
+        config: None,
+        localities: vec![],
+        at_ms: T0,
+    };
+    assert_eq!(
+        propose(&mut s, 5, other),
+        Outcome::SchemaVersion { version: 1 }
+    );
+    let names: Vec<&str> = s.schemas().map(|(d, _)| d).collect();
+    assert_eq!(names, vec!["bank", "movr"]);
+}
+
+/// A schema change replaces the database's configuration and puts or removes the listed
+/// table localities; `None` for the configuration drops it and every locality of the
+/// database, like `DropDatabase`.
+#[test]
+fn schema_changes_replace_config_and_localities() {
+    let mut s = cluster();
+    let users = table();
+    let rides = TableRef {
+        table: "rides".into(),
+        ..table()
+    };
+    let rbr = TableLocality::RegionalByRow {
+        column: "crdb_region".into(),
+    };
+    let out = propose(
+        &mut s,
+        1,
+        schema_change(
+            0,
+            "a",
+            Some(movr()),
+            vec![
+                (users.clone(), Some(rbr.clone())),
+                (rides.clone(), Some(TableLocality::Global)),
+            ],
+        ),
+    );
+    assert_eq!(out, Outcome::SchemaVersion { version: 1 });
+    assert_eq!(s.database("movr"), Some(&movr()));
+    assert_eq!(s.table_locality(&users), Some(&rbr));
+    assert_eq!(s.table_locality(&rides), Some(&TableLocality::Global));
+
+    let mut two = movr();
+    two.regions.remove("europe-west1");
+    two.survival = SurvivalGoal::Zone;
+    let out = propose(
+        &mut s,
+        2,
+        schema_change(1, "b", Some(two.clone()), vec![(rides.clone(), None)]),
+    );
+    assert_eq!(out, Outcome::SchemaVersion { version: 2 });
+    assert_eq!(s.database("movr"), Some(&two), "replaced");
+    assert_eq!(s.table_locality(&users), Some(&rbr), "unlisted: kept");
+    assert_eq!(s.table_locality(&rides), None, "removed");
+
+    let out = propose(&mut s, 3, schema_change(2, "drop", None, vec![]));
+    assert_eq!(out, Outcome::SchemaVersion { version: 3 });
+    assert_eq!(s.database("movr"), None);
+    assert_eq!(s.table_locality(&users), None, "gone with the database");
+    assert_eq!(s.schema("movr").unwrap().version, 3, "the log stays");
+
+    // Refusals change nothing, not even the version.
+    let mut bad = movr();
+    bad.primary_region = "asia-east1".into();
+    let out = propose(&mut s, 4, schema_change(3, "x", Some(bad), vec![]));
+    assert!(matches!(
+        out,
+        Outcome::Rejected {
+            error: MetaError::PrimaryNotInRegions { .. }
+        }
+    ));
+    let out = propose(
+        &mut s,
+        5,
+        schema_change(3, "x", None, vec![(users.clone(), Some(rbr.clone()))]),
+    );
+    assert!(matches!(
+        out,
+        Outcome::Rejected {
+            error: MetaError::NoSuchDatabase { .. }
+        }
+    ));
+    let elsewhere = TableRef {
+        database: "bank".into(),
+        ..table()
+    };
+    let out = propose(
+        &mut s,
+        6,
+        schema_change(3, "x", Some(movr()), vec![(elsewhere, Some(rbr))]),
+    );
+    assert!(matches!(
+        out,
+        Outcome::Rejected {
+            error: MetaError::SchemaWrongDatabase { .. }
+        }
+    ));
+    assert_eq!(s.schema("movr").unwrap().version, 3);
+    assert_eq!(s.database("movr"), None);
+}
+
+/// Each node's applied version only rises; reports of versions that do not exist are
+/// refused; and reports are not events.
+#[test]
+fn schema_applied_keeps_each_nodes_highest_version() {
+    let mut s = cluster();
+    for v in 0..3 {
+        propose(&mut s, v + 1, schema_change(v, "c", Some(movr()), vec![]));
+    }
+    let events = s.events().count();
+    assert_eq!(propose(&mut s, 10, applied(2, 2)), Outcome::Done);
+    assert_eq!(propose(&mut s, 11, applied(2, 1)), Outcome::Done);
+    assert_eq!(
+        s.schema("movr").unwrap().applied_by(2),
+        2,
+        "never goes back"
+    );
+    assert_eq!(propose(&mut s, 12, applied(2, 3)), Outcome::Done);
+    assert_eq!(propose(&mut s, 13, applied(3, 1)), Outcome::Done);
+    let log = s.schema("movr").unwrap();
+    assert_eq!(log.applied_by(2), 3);
+    assert_eq!(log.applied_by(3), 1);
+    assert_eq!(log.applied_by(1), 0, "never reported");
+    assert_eq!(
+        propose(&mut s, 14, applied(3, 4)),
+        Outcome::Rejected {
+            error: MetaError::NoSuchSchemaVersion {
+                database: "movr".into(),
+                version: 4,
+                current: 3
+            }
+        }
+    );
+    let out = propose(
+        &mut s,
+        15,
+        Command::SchemaApplied {
+            node_id: 1,
+            database: "bank".into(),
+            version: 1,
+        },
+    );
+    assert!(matches!(
+        out,
+        Outcome::Rejected {
+            error: MetaError::NoSuchSchemaVersion { current: 0, .. }
+        }
+    ));
+    assert_eq!(s.schema("movr").unwrap().applied_by(3), 1);
+    assert_eq!(s.events().count(), events, "reports are not logged");
+}
+
+/// A schema change committed twice (its proposer retried across a leader change) takes
+/// effect once and answers the same version both times, rather than a mismatch.
+#[test]
+fn a_retried_schema_change_applies_once() {
+    let mut s = cluster();
+    let c = schema_change(0, "a", Some(movr()), vec![]);
+    let first = propose(&mut s, 1, c.clone());
+    let again = propose(&mut s, 1, c.clone());
+    assert_eq!(first, Outcome::SchemaVersion { version: 1 });
+    assert_eq!(again, first);
+    assert_eq!(s.schema("movr").unwrap().version, 1);
+    assert_eq!(s.schema("movr").unwrap().changes.len(), 1);
+    // The same command under a new sequence number is a new proposal, and loses the race.
+    assert!(matches!(
+        propose(&mut s, 2, c),
+        Outcome::Rejected {
+            error: MetaError::SchemaVersionMismatch { current: 1, .. }
+        }
+    ));
+    assert_eq!(
+        propose(&mut s, 3, applied(2, 1)),
+        propose(&mut s, 3, applied(2, 1))
+    );
+}
+
+/// Schema logs survive a snapshot round trip in the current format.
+#[test]
+fn schema_logs_round_trip_through_snapshots() {
+    let mut s = cluster();
+    propose(&mut s, 1, schema_change(0, "a", Some(movr()), vec![]));
+    propose(&mut s, 2, schema_change(1, "b\n\"quoted\"", None, vec![]));
+    propose(&mut s, 3, applied(3, 2));
+    let bytes = snapshot::encode(&s);
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["format"], snapshot::FORMAT);
+    assert_eq!(snapshot::FORMAT, 3);
+    let back = snapshot::decode(&bytes).unwrap();
+    assert_eq!(back, s);
+    assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
 }
 
 /// Applied commands are in the event log once each, in order; heartbeats, refusals and
@@ -435,8 +742,8 @@ fn the_event_log_records_each_effect_once_in_order() {
     assert_eq!(s.events().count(), EVENT_LOG_LEN, "bounded");
 }
 
-/// Writes the golden snapshots, once per format, by hand when the format was defined (the
-/// format 1 file predates this test writing format 2, and is never regenerated):
+/// Writes the golden snapshot of the current format, by hand when the format was defined;
+/// older formats' files (v1, v2) are never regenerated:
 /// `MR_META_WRITE_GOLDEN=1 cargo test -p mr-meta --test state_machine write_golden`.
 #[test]
 fn write_golden() {
@@ -445,7 +752,7 @@ fn write_golden() {
     }
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/snapshot-v2.json"
+        "/tests/fixtures/snapshot-v3.json"
     );
     use ReplicaKind::*;
     let mut s = cluster();
@@ -487,6 +794,23 @@ fn write_golden() {
             value: Some("on".into()),
         },
     );
+    propose(
+        &mut s,
+        6,
+        schema_change(0, r#"{"op":"add_region"}"#, Some(movr()), vec![]),
+    );
+    propose(
+        &mut s,
+        7,
+        schema_change(
+            1,
+            r#"{"op":"set_locality"}"#,
+            Some(movr()),
+            vec![(table(), Some(TableLocality::Global))],
+        ),
+    );
+    propose(&mut s, 8, applied(1, 2));
+    propose(&mut s, 9, applied(2, 1));
     let v: serde_json::Value = serde_json::from_slice(&snapshot::encode(&s)).unwrap();
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
 }
