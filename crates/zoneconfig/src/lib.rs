@@ -21,6 +21,8 @@
 //! The SQL forms follow CockroachDB's `SHOW ZONE CONFIGURATION` output, so the two can be
 //! compared line by line.
 
+pub mod ddl;
+
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
 use std::collections::BTreeMap;
 use std::fmt::Write;
