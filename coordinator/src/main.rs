@@ -14,6 +14,7 @@ mod meta;
 mod net;
 mod node;
 mod postgres;
+mod schema;
 mod status;
 
 use clap::Parser;

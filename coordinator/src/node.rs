@@ -39,6 +39,8 @@ pub struct Node {
     pg: Arc<PgState>,
     /// Set once the meta group member has started; before that, Raft traffic is refused.
     meta: OnceLock<Arc<Meta>>,
+    /// The schema-change applier's progress, per database (`pgmr status`).
+    schema: Arc<crate::schema::Progress>,
     started: Instant,
 }
 
@@ -129,6 +131,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         transport: transport.clone(),
         pg: Arc::new(PgState::default()),
         meta: OnceLock::new(),
+        schema: Arc::default(),
         started: Instant::now(),
     });
     node.membership.learn(&members);
@@ -173,6 +176,16 @@ pub async fn run(args: StartArgs) -> Result<()> {
         fatal.clone(),
         decommissioned.clone(),
     ));
+
+    // The applier waits for PostgreSQL to be ready (and ready again after a restart) itself.
+    let applier = crate::schema::Applier {
+        node_id: node.id(),
+        meta: meta.clone(),
+        pg: node.pg.clone(),
+        pg_cfg: pg_cfg.clone(),
+        progress: node.schema.clone(),
+    };
+    tokio::spawn(applier.run(stop.clone()));
 
     let supervisor = postgres::start(pg_cfg, node.pg.clone(), stop.clone()).await?;
     tracing::info!(
@@ -481,6 +494,7 @@ impl Node {
                 node: self.info(),
                 peers: self.membership.peer_status(),
                 faults: self.transport.link().faults(),
+                schema: self.schema.snapshot(),
             }),
             LocalRequest::SetLinkFaults { peers, fault } => self.set_link_faults(peers, fault),
             LocalRequest::Nodes => {
@@ -516,6 +530,120 @@ impl Node {
                 })
                 .await
             }
+            LocalRequest::ProposeSchemaChange {
+                database,
+                expected_version,
+                change,
+                config,
+                localities,
+            } => {
+                let command = Command::SchemaChange {
+                    database,
+                    expected_version,
+                    change,
+                    config,
+                    localities,
+                    at_ms: now_ms(),
+                };
+                match self.meta().propose(command, WRITE_TIMEOUT).await {
+                    Ok(Outcome::SchemaVersion { version }) => {
+                        LocalResponse::SchemaVersion { version }
+                    }
+                    Ok(Outcome::Rejected {
+                        error: error @ MetaError::SchemaVersionMismatch { .. },
+                    }) => LocalResponse::Error {
+                        message: error.to_string(),
+                        retryable: true,
+                        ambiguous: false,
+                    },
+                    Ok(Outcome::Rejected { error }) => LocalResponse::error(error.to_string()),
+                    Ok(other) => LocalResponse::error(format!(
+                        "unexpected outcome of a schema change: {other:?}"
+                    )),
+                    Err(e) => unavailable(e),
+                }
+            }
+            LocalRequest::AwaitSchemaApplied {
+                database,
+                version,
+                timeout_ms,
+            } => {
+                self.await_schema_applied(&database, version, timeout_ms)
+                    .await
+            }
+            LocalRequest::SchemaLog { database } => {
+                self.read(move |s, _| match s.schema(&database) {
+                    Some(log) => LocalResponse::SchemaLog {
+                        version: log.version,
+                        changes: log
+                            .changes
+                            .iter()
+                            .map(|c| (c.version, c.change.clone()))
+                            .collect(),
+                        applied: log.applied.iter().map(|(n, v)| (*n, *v)).collect(),
+                    },
+                    None => LocalResponse::SchemaLog {
+                        version: 0,
+                        changes: Vec::new(),
+                        applied: Vec::new(),
+                    },
+                })
+                .await
+            }
+        }
+    }
+
+    /// Waits until every live node but this one has applied `database`'s schema up to
+    /// `version`. This node is left out: the caller applied the change in its own, still
+    /// open, transaction. One read-index barrier makes the local copy at least as new as the
+    /// request; after it, local reads suffice, since the state only ever shows committed
+    /// reports, and each poll sees a newer copy.
+    async fn await_schema_applied(
+        &self,
+        database: &str,
+        version: u64,
+        timeout_ms: u64,
+    ) -> LocalResponse {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let meta = self.meta();
+        let me = self.id();
+        let mut applied = meta.raft.data_metrics();
+        let mut barrier: Result<(), MetaUnavailable> =
+            Err(MetaUnavailable::Retryable("not tried".into()));
+        loop {
+            if barrier.is_err() {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                barrier = meta.linearizable(remaining.min(READ_TIMEOUT)).await;
+            }
+            if barrier.is_ok() {
+                let (latest, lagging) = meta.read(|s| schema_lagging(s, database, me, now_ms()));
+                if latest < version {
+                    return LocalResponse::error(format!(
+                        "database {database:?} has no schema version {version} (the latest is {latest})"
+                    ));
+                }
+                let lagging: Vec<(u64, u64)> =
+                    lagging.into_iter().filter(|(_, v)| *v < version).collect();
+                if lagging.is_empty() {
+                    return LocalResponse::Done;
+                }
+                if Instant::now() >= deadline {
+                    return LocalResponse::error(lagging_message(
+                        database, version, &lagging, timeout_ms,
+                    ));
+                }
+            } else if Instant::now() >= deadline {
+                let e = barrier.err().map(|e| e.to_string()).unwrap_or_default();
+                return LocalResponse::error(format!(
+                    "schema change {version} on database {database:?} is committed, but whether \
+                     the other nodes have applied it is unknown: {e}; they will apply it when they can"
+                ));
+            }
+            // Wake on newly applied entries (a report arriving), or poll.
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50));
+            crate::schema::changed_or(&mut applied, wait).await;
         }
     }
 
@@ -673,6 +801,56 @@ impl Node {
             faults: link.faults(),
         }
     }
+}
+
+/// `database`'s latest schema version, and each live node other than `me` with the version
+/// it has applied.
+fn schema_lagging(
+    s: &mr_meta::MetaState,
+    database: &str,
+    me: u64,
+    now: u64,
+) -> (u64, Vec<(u64, u64)>) {
+    let log = s.schema(database);
+    let latest = log.map_or(0, |l| l.version);
+    let nodes = s
+        .nodes()
+        .filter(|n| n.node_id != me && n.status(now) == mr_meta::NodeStatus::Live)
+        .map(|n| (n.node_id, log.map_or(0, |l| l.applied_by(n.node_id))))
+        .collect();
+    (latest, nodes)
+}
+
+/// "schema change 5 on database "movr" is committed but nodes 2 (at version 4), 3 (at 4) have
+/// not applied it within 30 s; they will apply it when they can"
+fn lagging_message(
+    database: &str,
+    version: u64,
+    lagging: &[(u64, u64)],
+    timeout_ms: u64,
+) -> String {
+    let list: Vec<String> = lagging
+        .iter()
+        .enumerate()
+        .map(|(i, (n, v))| {
+            if i == 0 {
+                format!("{n} (at version {v})")
+            } else {
+                format!("{n} (at {v})")
+            }
+        })
+        .collect();
+    let (nodes, have, they) = if lagging.len() == 1 {
+        ("node", "has", "it")
+    } else {
+        ("nodes", "have", "they")
+    };
+    format!(
+        "schema change {version} on database {database:?} is committed but {nodes} {} {have} not \
+         applied it within {} s; {they} will apply it when {they} can",
+        list.join(", "),
+        timeout_ms as f64 / 1000.0
+    )
 }
 
 fn unavailable(e: MetaUnavailable) -> LocalResponse {
@@ -885,5 +1063,84 @@ impl Handler for Node {
                 Box::pin(async move { resp })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mr_meta::{MetaState, Proposal};
+
+    #[test]
+    fn lagging_nodes_are_named_with_their_versions() {
+        assert_eq!(
+            lagging_message("movr", 5, &[(2, 4), (3, 4)], 30_000),
+            "schema change 5 on database \"movr\" is committed but nodes 2 (at version 4), \
+             3 (at 4) have not applied it within 30 s; they will apply it when they can"
+        );
+        assert_eq!(
+            lagging_message("movr", 1, &[(7, 0)], 2_500),
+            "schema change 1 on database \"movr\" is committed but node 7 (at version 0) has \
+             not applied it within 2.5 s; it will apply it when it can"
+        );
+    }
+
+    /// Only live nodes other than the asking one are waited for.
+    #[test]
+    fn only_other_live_nodes_are_waited_for() {
+        let t0 = 1_700_000_000_000;
+        let mut s = MetaState::bootstrap("a:1", "a:2", "region=r1", t0);
+        let client = ClientId {
+            node_id: 1,
+            incarnation: 1,
+        };
+        let mut seq = 0;
+        let mut apply = |s: &mut MetaState, command| {
+            seq += 1;
+            s.apply(&Proposal {
+                client,
+                seq,
+                command,
+            })
+        };
+        for i in 0..3 {
+            apply(
+                &mut s,
+                Command::AddNode {
+                    rpc_addr: format!("n:{i}"),
+                    sql_addr: "x".into(),
+                    locality: "region=r2".into(),
+                    at_ms: t0,
+                },
+            );
+        }
+        apply(&mut s, Command::Decommission { node_id: 4 });
+        let change = Command::SchemaChange {
+            database: "movr".into(),
+            expected_version: 0,
+            change: "c".into(),
+            config: None,
+            localities: vec![],
+            at_ms: t0,
+        };
+        assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
+        apply(
+            &mut s,
+            Command::SchemaApplied {
+                node_id: 3,
+                database: "movr".into(),
+                version: 1,
+            },
+        );
+        let (latest, nodes) = schema_lagging(&s, "movr", 1, t0 + 10);
+        assert_eq!(latest, 1);
+        assert_eq!(
+            nodes,
+            vec![(2, 0), (3, 1)],
+            "not 1 (asking), not 4 (decommissioned)"
+        );
+        let (_, nodes) = schema_lagging(&s, "movr", 1, t0 + mr_meta::SUSPECT_AFTER_MS);
+        assert!(nodes.is_empty(), "suspect nodes are not waited for");
+        assert_eq!(schema_lagging(&s, "bank", 1, t0).0, 0);
     }
 }

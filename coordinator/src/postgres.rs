@@ -223,7 +223,9 @@ impl PgConfig {
             .with_context(|| format!("cannot use PostgreSQL port {addr}"))
     }
 
-    fn connect_options(&self, db: &str) -> PgConnectOptions {
+    /// How pgmr connects to database `db` of its PostgreSQL: as the superuser, over the Unix
+    /// socket.
+    pub fn connect_options(&self, db: &str) -> PgConnectOptions {
         PgConnectOptions::new()
             .host(&self.data.run_dir().display().to_string())
             .port(self.port)

@@ -89,6 +89,16 @@ pub async fn run(args: StatusArgs) -> Result<()> {
             f.partitioned, f.drop_rate, f.extra_delay_ms
         );
     }
+    for (db, p) in &s.schema {
+        println!(
+            "  schema of database {db:?}: applied {} of {}{}",
+            p.applied,
+            p.latest,
+            p.last_error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; last error: {e}"))
+        );
+    }
     match g {
         Ok(g) => print_meta(&g),
         Err(e) => println!("meta group: unavailable ({e})"),

@@ -2,6 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The metadata records the schema-change requests carry, re-exported so the extension needs
+/// no direct dependency on `mr-meta`.
+pub use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality, TableRef};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum LocalRequest {
@@ -39,6 +43,34 @@ pub enum LocalRequest {
     /// (`multiregion.cluster_settings`, `multiregion.eventlog`).
     ClusterSettings,
     EventLog,
+    /// Commits a multi-region schema change to the meta group, compare-and-set on the
+    /// database's schema version: answered with [`LocalResponse::SchemaVersion`] (the new
+    /// version, `expected_version + 1`), or, if another change got there first, with a
+    /// retryable [`LocalResponse::Error`] naming both versions. `change` is opaque to pgmr;
+    /// every other node hands it to `multiregion.apply_schema_change(version, change)`.
+    /// `config` replaces the database's region configuration (`None`: not multi-region);
+    /// each listed table locality is put (`Some`) or removed (`None`).
+    ProposeSchemaChange {
+        database: String,
+        expected_version: u64,
+        change: String,
+        #[serde(default)]
+        config: Option<DatabaseConfig>,
+        #[serde(default)]
+        localities: Vec<(TableRef, Option<TableLocality>)>,
+    },
+    /// Waits until every live node other than this one has applied `database`'s schema up
+    /// to `version`: [`LocalResponse::Done`], or after `timeout_ms` an error naming the
+    /// nodes that lag (not retryable: the change is committed and they apply it later).
+    AwaitSchemaApplied {
+        database: String,
+        version: u64,
+        timeout_ms: u64,
+    },
+    /// A database's schema log and how far each node has applied it, read linearizably.
+    SchemaLog {
+        database: String,
+    },
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -102,6 +134,18 @@ pub enum LocalResponse {
     },
     EventLog {
         events: Vec<EventRow>,
+    },
+    /// A schema change committed as this version of its database's schema.
+    SchemaVersion {
+        version: u64,
+    },
+    /// A database's schema log: its latest version (0: never changed), every change as
+    /// `(version, change)` oldest first, and each node's applied version as
+    /// `(node_id, version)`.
+    SchemaLog {
+        version: u64,
+        changes: Vec<(u64, String)>,
+        applied: Vec<(u64, u64)>,
     },
     /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
     /// and the same request may simply be sent again. `ambiguous`: a write may or may not
@@ -226,6 +270,20 @@ pub struct Status {
     /// Injected faults in force on this node's outgoing links, by peer node id.
     #[serde(default)]
     pub faults: Vec<(u64, LinkFault)>,
+    /// This node's schema-change applier, by database.
+    #[serde(default)]
+    pub schema: std::collections::BTreeMap<String, SchemaApplyStatus>,
+}
+
+/// How far this node's PostgreSQL has applied one database's schema log.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaApplyStatus {
+    /// The latest version this node has applied.
+    pub applied: u64,
+    /// The latest version in the meta group's log, as this node last read it.
+    pub latest: u64,
+    /// The last failure to apply or report a change, cleared by the next success.
+    pub last_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -238,4 +296,89 @@ pub struct PeerStatus {
     pub live: bool,
     pub last_heard_ms_ago: Option<u64>,
     pub rtt_ms: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The schema-change requests' JSON, as the extension and pgmr exchange it.
+    #[test]
+    fn schema_change_messages_have_a_stable_shape() {
+        let req = LocalRequest::ProposeSchemaChange {
+            database: "movr".into(),
+            expected_version: 3,
+            change: r#"{"op":"x"}"#.into(),
+            config: None,
+            localities: vec![(
+                TableRef {
+                    database: "movr".into(),
+                    schema: "public".into(),
+                    table: "users".into(),
+                },
+                Some(TableLocality::RegionalByRow {
+                    column: "crdb_region".into(),
+                }),
+            )],
+        };
+        let v = serde_json::to_value(&req).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "type": "propose_schema_change",
+                "database": "movr",
+                "expected_version": 3,
+                "change": "{\"op\":\"x\"}",
+                "config": null,
+                "localities": [[
+                    {"database": "movr", "schema": "public", "table": "users"},
+                    {"kind": "regional_by_row", "column": "crdb_region"}
+                ]]
+            })
+        );
+        assert_eq!(serde_json::from_value::<LocalRequest>(v).unwrap(), req);
+        // config and localities may be left out.
+        let short: LocalRequest = serde_json::from_value(json!({
+            "type": "propose_schema_change", "database": "d", "expected_version": 0, "change": ""
+        }))
+        .unwrap();
+        assert!(
+            matches!(short, LocalRequest::ProposeSchemaChange { config: None, localities, .. } if localities.is_empty())
+        );
+        let resp = LocalResponse::SchemaLog {
+            version: 2,
+            changes: vec![(1, "a".into()), (2, "b".into())],
+            applied: vec![(1, 2), (3, 1)],
+        };
+        let v = serde_json::to_value(&resp).unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "schema_log", "version": 2, "changes": [[1, "a"], [2, "b"]], "applied": [[1, 2], [3, 1]]})
+        );
+        assert_eq!(serde_json::from_value::<LocalResponse>(v).unwrap(), resp);
+        let v = serde_json::to_value(LocalRequest::AwaitSchemaApplied {
+            database: "movr".into(),
+            version: 4,
+            timeout_ms: 30_000,
+        })
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"type": "await_schema_applied", "database": "movr", "version": 4, "timeout_ms": 30000})
+        );
+        assert_eq!(
+            serde_json::to_value(LocalResponse::SchemaVersion { version: 4 }).unwrap(),
+            json!({"type": "schema_version", "version": 4})
+        );
+        // A status from a pgmr without the applier still decodes.
+        let s: Status = serde_json::from_value(json!({
+            "node": {"node_id": 1, "cluster_id": "c", "locality": "region=a", "region": "a",
+                     "zone": null, "pgmr_version": "0", "rpc_addr": "x", "sql_addr": "y",
+                     "uptime_ms": 0, "postmaster_pid": null, "pg_restarts": 0},
+            "peers": []
+        }))
+        .unwrap();
+        assert!(s.schema.is_empty());
+    }
 }
