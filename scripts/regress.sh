@@ -8,7 +8,9 @@
 #   nopreload     without shared_preload_libraries: the extension must refuse to load;
 #   preload       configured as "pgmr start" configures a node, but with no pgmr running;
 #   unconfigured  preloaded, with neither locality nor sidecar socket set;
-#   startup       a malformed multiregion.locality in postgresql.conf must stop the server.
+#   startup       a malformed multiregion.locality in postgresql.conf must stop the server;
+#   cluster       against a real three-region cluster ("pgmr demo --nodes 3", one node per
+#                 region): the region and locality SQL, replicated through the meta group.
 #
 # initdb and postgres refuse to run as root, so when run as root the tests run as the OS user
 # postgres (override with REGRESS_USER). Exits non-zero if any phase fails, after printing its
@@ -117,10 +119,50 @@ CONF
     fi
 }
 
+# A real three-node cluster, one node per region; pg_regress runs against node 1.
+cluster_phase() {
+    local out="$work/out-cluster" pgmr=${PGMR:-$root/target/debug/pgmr}
+    local pg_port=${REGRESS_CLUSTER_PORT:-17532}
+    echo "== phase cluster (pgmr demo --nodes 3) =="
+    run mkdir "$out"
+    "$pgmr" demo --nodes 3 --no-shell --pg-port-base "$pg_port" --rpc-port-base 27532 \
+        >"$out/demo.log" 2>&1 &
+    local demo=$!
+    local ready=
+    for _ in $(seq 1 120); do
+        if grep -q "Press Ctrl-C" "$out/demo.log" 2>/dev/null; then ready=1; break; fi
+        kill -0 "$demo" 2>/dev/null || break
+        sleep 0.5
+    done
+    if [ -z "$ready" ]; then
+        cat "$out/demo.log"
+        kill "$demo" 2>/dev/null || true
+        failed+=(cluster)
+        return
+    fi
+    if ! "$bindir/psql" -X -q -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres \
+        -c "CREATE DATABASE regress_mr" >"$out/createdb.log" 2>&1; then
+        cat "$out/createdb.log"
+        failed+=(cluster)
+    elif ! run "$pg_regress" \
+        --bindir="$bindir" \
+        --inputdir="$work" \
+        --outputdir="$out" \
+        --use-existing --host=127.0.0.1 --port="$pg_port" --user=postgres \
+        --schedule="$work/cluster_schedule" \
+        --dbname=regress_mr; then
+        keep_failure cluster "$out"
+        tail -n 30 "$out/demo.log"
+    fi
+    kill -TERM "$demo" 2>/dev/null || true
+    wait "$demo" 2>/dev/null || true
+}
+
 pg_regress_phase nopreload nopreload_schedule nopreload.conf
 pg_regress_phase preload schedule preload.conf
 pg_regress_phase unconfigured unconfigured_schedule unconfigured.conf
 startup_phase
+cluster_phase
 
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "regress.sh: FAILED phases: ${failed[*]} (outputs in regress/results/)" >&2

@@ -61,6 +61,58 @@ pub enum MrError {
     OutOfRange { field: &'static str, value: u64 },
     #[error("the pgmr sidecar sent event {id} with info that is not JSON: {reason}")]
     MalformedEventInfo { id: u64, reason: String },
+    /// A region or locality statement refused by the rules, with CockroachDB's text.
+    #[error("{0}")]
+    Ddl(mr_zoneconfig::ddl::DdlError),
+    #[error("must be owner of {kind} {name}")]
+    NotOwner { kind: &'static str, name: String },
+    #[error("cannot change database \"{database}\" from database \"{current}\"")]
+    OtherDatabase { database: String, current: String },
+    #[error("relation \"{0}\" does not exist")]
+    NoSuchTable(String),
+    #[error("invalid {what} {value:?}: expected {expected}")]
+    BadArgument {
+        what: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    #[error("{message} at character {position}")]
+    Syntax { message: String, position: usize },
+    #[error("CREATE DATABASE {name} cannot run inside a function")]
+    CreateDatabaseInFunction { name: String, exists: bool },
+    #[error("database \"{0}\" already exists")]
+    DatabaseExists(String),
+    #[error(
+        "could not remove enum value \"{region}\" as it is being used by \"{table}\" in row: {row}"
+    )]
+    RegionInUse {
+        region: String,
+        table: String,
+        row: String,
+    },
+    #[error("cannot change the locality of table {table}: {reason}")]
+    CannotRebuild { table: String, reason: String },
+    #[error("column \"{column}\" of relation \"{table}\" does not exist")]
+    NoSuchColumn { table: String, column: String },
+    #[error("cannot use column \"{column}\" for REGIONAL BY ROW table as it does not have the crdb_internal_region type")]
+    RegionColumnType { column: String },
+    #[error(
+        "cannot use column \"{column}\" for REGIONAL BY ROW table as it may contain NULL values"
+    )]
+    RegionColumnNullable { table: String, column: String },
+    #[error("schema change {got} cannot apply on top of version {have}")]
+    SchemaGap { have: i64, got: i64 },
+    #[error("malformed schema change: {0}")]
+    BadChange(String),
+}
+
+/// PostgreSQL's encoding of a five-character SQLSTATE (MAKE_SQLSTATE).
+fn make_sqlstate(code: &str) -> PgSqlErrorCode {
+    let b = code.as_bytes();
+    let v = (0..5).fold(0i32, |acc, i| {
+        acc | ((((b.get(i).copied().unwrap_or(b'0')) - b'0') as i32 & 0x3F) << (6 * i))
+    });
+    PgSqlErrorCode::from(v)
 }
 
 impl MrError {
@@ -85,6 +137,46 @@ impl MrError {
             MrError::UnexpectedResponse { .. }
             | MrError::OutOfRange { .. }
             | MrError::MalformedEventInfo { .. } => ERRCODE_INTERNAL_ERROR,
+            MrError::Ddl(e) => make_sqlstate(e.sqlstate),
+            MrError::NotOwner { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            MrError::OtherDatabase { .. } | MrError::CreateDatabaseInFunction { .. } => {
+                ERRCODE_FEATURE_NOT_SUPPORTED
+            }
+            MrError::NoSuchTable(_) => ERRCODE_UNDEFINED_TABLE,
+            MrError::BadArgument { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
+            MrError::Syntax { .. } => ERRCODE_SYNTAX_ERROR,
+            MrError::DatabaseExists(_) => ERRCODE_DUPLICATE_DATABASE,
+            MrError::RegionInUse { .. } => ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
+            MrError::CannotRebuild { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
+            MrError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
+            MrError::RegionColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
+            MrError::RegionColumnNullable { .. } => ERRCODE_INVALID_TABLE_DEFINITION,
+            MrError::SchemaGap { .. } | MrError::BadChange(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    /// The hint, including those built from the error's own values.
+    pub fn full_hint(&self) -> Option<String> {
+        match self {
+            MrError::Ddl(e) => e.hint.clone(),
+            MrError::OtherDatabase { database, .. } => Some(format!(
+                "connect to database {database} and run the statement there"
+            )),
+            MrError::CreateDatabaseInFunction { name, exists: true } => Some(format!(
+                "connect to database {name} and run this statement there: it configures the \
+                 database's regions"
+            )),
+            MrError::CreateDatabaseInFunction { name, exists: false } => Some(format!(
+                "run CREATE DATABASE {name} first, connect to it, and run this statement there: it \
+                 configures the database's regions"
+            )),
+            MrError::RegionColumnNullable { table, column } => Some(format!(
+                "add the NOT NULL constraint first using ALTER TABLE {table} ALTER COLUMN {column} SET NOT NULL"
+            )),
+            MrError::RegionInUse { table, region, .. } => Some(format!(
+                "move or delete the rows of {table} in region \"{region}\" first"
+            )),
+            _ => self.hint().map(str::to_string),
         }
     }
 
@@ -131,7 +223,7 @@ impl MrError {
                 "Pass the setting's name first and its value second; a NULL value resets the \
                  setting.",
             ),
-            MrError::Interrupted | MrError::Sidecar(_) | MrError::NotSuperuser => None,
+            _ => None,
         }
     }
 
@@ -140,7 +232,7 @@ impl MrError {
     #[track_caller]
     pub fn report(&self, level: PgLogLevel) {
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), function_name!());
-        if let Some(hint) = self.hint() {
+        if let Some(hint) = self.full_hint() {
             report = report.set_hint(hint);
         }
         report.report(level);

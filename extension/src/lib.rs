@@ -7,6 +7,7 @@
 mod api;
 mod error;
 mod gucs;
+mod regions;
 mod sidecar;
 
 use error::MrError;

@@ -73,6 +73,44 @@ pub fn eventlog() -> Result<Vec<EventRow>, MrError> {
     }
 }
 
+/// Proposes a schema change of `database` on top of `expected_version`; the new version.
+pub fn propose_schema_change(
+    database: String,
+    expected_version: u64,
+    change: String,
+    config: Option<mr_meta::DatabaseConfig>,
+    localities: Vec<(mr_meta::TableRef, Option<mr_meta::TableLocality>)>,
+) -> Result<u64, MrError> {
+    let req = LocalRequest::ProposeSchemaChange {
+        database,
+        expected_version,
+        change,
+        config,
+        localities,
+    };
+    match call_meta(req)? {
+        LocalResponse::SchemaVersion { version } => Ok(version),
+        other => Err(unexpected("propose_schema_change", &other)),
+    }
+}
+
+/// Waits until every other live node applied `version` of `database`'s schema.
+pub fn await_schema_applied(
+    database: String,
+    version: u64,
+    timeout: Duration,
+) -> Result<(), MrError> {
+    let req = LocalRequest::AwaitSchemaApplied {
+        database,
+        version,
+        timeout_ms: timeout.as_millis() as u64,
+    };
+    match call_within(req, timeout + META_TIMEOUT)? {
+        LocalResponse::Done => Ok(()),
+        other => Err(unexpected("await_schema_applied", &other)),
+    }
+}
+
 /// Sends `req` to pgmr within `multiregion.sidecar_timeout`.
 fn call(req: LocalRequest) -> Result<LocalResponse, MrError> {
     call_within(req, gucs::sidecar_timeout())
@@ -146,6 +184,8 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::ClusterSettings { .. } => "cluster_settings",
         LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",
+        LocalResponse::SchemaVersion { .. } => "schema_version",
+        LocalResponse::SchemaLog { .. } => "schema_log",
     };
     MrError::UnexpectedResponse { request, response }
 }

@@ -1,0 +1,152 @@
+-- The multi-region catalog of one database: this node's applied copy of what the meta Raft
+-- group records for it (docs/ARCHITECTURE.md §7). Only the extension writes these tables, as
+-- their owner, after checking the caller's privileges; everyone may read them.
+
+-- One row, always present. primary_region IS NULL means the database is not multi-region.
+-- schema_version counts the multi-region schema changes applied here, in the meta group's
+-- order; a replicated change applies only on top of the version before it.
+CREATE TABLE multiregion.database_config (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    primary_region text,
+    regions text[] NOT NULL DEFAULT '{}',
+    survival_goal text NOT NULL DEFAULT 'zone' CHECK (survival_goal IN ('zone', 'region')),
+    placement text NOT NULL DEFAULT 'default' CHECK (placement IN ('default', 'restricted')),
+    secondary_region text,
+    schema_version bigint NOT NULL DEFAULT 0,
+    CHECK (primary_region IS NULL OR primary_region = ANY (regions))
+);
+INSERT INTO multiregion.database_config DEFAULT VALUES;
+
+-- Tables with a locality other than the default (REGIONAL BY TABLE IN PRIMARY REGION).
+CREATE TABLE multiregion.table_locality (
+    relid oid PRIMARY KEY,
+    locality text NOT NULL CHECK (locality IN ('regional_by_table', 'regional_by_row', 'global')),
+    -- REGIONAL BY TABLE IN region; NULL means the primary region.
+    region text,
+    -- REGIONAL BY ROW: the region column, and whether it is the system-provided, hidden one.
+    region_column name,
+    hidden boolean NOT NULL DEFAULT false,
+    -- REGIONAL BY ROW AS a stored computed column: its expression (pg_node_tree text), which
+    -- the extension computes on INSERT and UPDATE because PostgreSQL cannot partition by a
+    -- generated column.
+    region_expr text,
+    region_expr_sql text,
+    auto_rehoming boolean NOT NULL DEFAULT false,
+    CHECK ((locality = 'regional_by_row') = (region_column IS NOT NULL))
+);
+
+-- Unique constraints of REGIONAL BY ROW tables that do not include the region column. Each is
+-- enforced across all partitions by a key table in schema multiregion_keys, whose own unique
+-- index PostgreSQL checks under every isolation level, and which foreign keys reference.
+CREATE TABLE multiregion.global_key (
+    relid oid NOT NULL,
+    constraint_name name NOT NULL,
+    key_table regclass NOT NULL,
+    columns name[] NOT NULL,
+    PRIMARY KEY (relid, constraint_name)
+);
+
+CREATE SCHEMA multiregion_keys;
+COMMENT ON SCHEMA multiregion_keys IS
+    'pg_multiregion: the keys of REGIONAL BY ROW tables that must be unique across regions';
+
+GRANT USAGE ON SCHEMA multiregion TO PUBLIC;
+GRANT USAGE ON SCHEMA multiregion_keys TO PUBLIC;
+GRANT SELECT ON multiregion.database_config, multiregion.table_locality, multiregion.global_key
+    TO PUBLIC;
+
+-- Maintains a global key table from a REGIONAL BY ROW table's row triggers. A key leaves the
+-- key table only when no row holds it any more, so a row that moves between partitions (a
+-- rehome: PostgreSQL runs it as a DELETE and an INSERT) neither loses its key nor cascades a
+-- delete to rows that reference it. Runs as the extension's owner, so writers need no
+-- privilege on the key table; it refuses to run for a key table that is not this table's.
+CREATE FUNCTION multiregion.maintain_global_key() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_key_table regclass := TG_ARGV[0]::regclass;
+    v_constraint text := TG_ARGV[1];
+    cols name[];
+    parent regclass;
+    old_key jsonb;
+    new_key jsonb;
+    key_cols text;
+    match_old text;
+    match_new text;
+    inserted int;
+    holders bigint;
+BEGIN
+    SELECT g.columns, g.relid INTO cols, parent FROM multiregion.global_key g
+     WHERE g.relid = TG_RELID AND g.key_table = v_key_table
+       AND g.constraint_name = v_constraint;
+    IF cols IS NULL THEN
+        -- A partition's clone of the parent's trigger: the catalog names the parent.
+        SELECT g.columns, g.relid INTO cols, parent FROM multiregion.global_key g
+          JOIN pg_catalog.pg_inherits i ON i.inhparent = g.relid
+         WHERE i.inhrelid = TG_RELID AND g.key_table = v_key_table
+           AND g.constraint_name = v_constraint;
+    END IF;
+    IF cols IS NULL THEN
+        RAISE EXCEPTION 'key table % does not belong to table %', v_key_table, TG_RELID::regclass
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT string_agg(format('%I', c), ', ' ORDER BY o) INTO key_cols
+      FROM unnest(cols) WITH ORDINALITY AS u(c, o);
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        old_key := (SELECT jsonb_object_agg(c, to_jsonb(OLD) -> c) FROM unnest(cols) c);
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') THEN
+        new_key := (SELECT jsonb_object_agg(c, to_jsonb(NEW) -> c) FROM unnest(cols) c);
+    END IF;
+    IF TG_OP = 'UPDATE' AND old_key IS NOT DISTINCT FROM new_key THEN
+        RETURN NULL;
+    END IF;
+    -- Keys with a NULL part are not unique (SQL's rule), so they have no entry.
+    IF old_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_each(old_key) e WHERE e.value = 'null') THEN
+        match_old := (SELECT string_agg(format('%I = ($1 ->> %L)::%s', c, c,
+                                               format_type(a.atttypid, a.atttypmod)), ' AND ')
+                        FROM unnest(cols) c
+                        JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
+        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 1) s',
+                       parent, match_old) INTO holders USING old_key;
+        IF holders = 0 THEN
+            IF TG_OP = 'UPDATE' AND new_key IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM jsonb_each(new_key) e WHERE e.value = 'null') THEN
+                -- An UPDATE of the key: update the key in place, so that ON UPDATE actions of
+                -- the foreign keys that reference it apply.
+                EXECUTE format('UPDATE %s SET (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $2)) WHERE %s',
+                               v_key_table, key_cols, key_cols, v_key_table, match_old)
+                    USING old_key, new_key;
+                RETURN NULL;
+            END IF;
+            EXECUTE format('DELETE FROM %s WHERE %s', v_key_table, match_old) USING old_key;
+        END IF;
+    END IF;
+    IF new_key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jsonb_each(new_key) e WHERE e.value = 'null') THEN
+        EXECUTE format('INSERT INTO %s SELECT * FROM jsonb_populate_record(NULL::%s, $1) ON CONFLICT DO NOTHING',
+                       v_key_table, v_key_table) USING new_key;
+        GET DIAGNOSTICS inserted = ROW_COUNT;
+        IF inserted = 0 THEN
+            -- The key exists: fine if this row is its only holder (it moved partitions),
+            -- a duplicate otherwise.
+            match_new := (SELECT string_agg(format('%I = ($1 ->> %L)::%s', c, c,
+                                                   format_type(a.atttypid, a.atttypmod)), ' AND ')
+                            FROM unnest(cols) c
+                            JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
+            EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s',
+                           parent, match_new) INTO holders USING new_key;
+            IF holders > 1 THEN
+                RAISE EXCEPTION 'duplicate key value violates unique constraint "%"', v_constraint
+                    USING ERRCODE = 'unique_violation',
+                          DETAIL = format('Key (%s)=(%s) already exists.', array_to_string(cols, ', '),
+                                          (SELECT string_agg(e.value #>> '{}', ', ' ORDER BY o)
+                                             FROM unnest(cols) WITH ORDINALITY u(c, o)
+                                             JOIN jsonb_each(new_key) e ON e.key = u.c)),
+                          CONSTRAINT = v_constraint,
+                          TABLE = TG_TABLE_NAME,
+                          SCHEMA = TG_TABLE_SCHEMA;
+            END IF;
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$fn$;

@@ -1,0 +1,213 @@
+//! `multiregion.execute(text)`: CockroachDB's multi-region statements, verbatim, through the
+//! shared translator (`mr_sql`); anything else runs as PostgreSQL's own statement.
+
+use super::{
+    catalog, finish, require_current, resolve_table, run_database_statement, set_locality, show,
+    spi, Effect, Origin,
+};
+use crate::error::{MrError, OrRaise};
+use mr_sql::{ObjectName, Statement};
+use pgrx::prelude::*;
+use pgrx::Json;
+
+/// Runs one statement and returns its result rows as JSON objects (column order kept), or for
+/// a statement without rows its command tag as a JSON string.
+#[pg_extern(schema = "multiregion")]
+fn execute(sql: &str) -> SetOfIterator<'static, Json> {
+    SetOfIterator::new(
+        execute_one(sql, Origin::User)
+            .or_raise()
+            .into_iter()
+            .map(Json),
+    )
+}
+
+fn tag(t: &str) -> Vec<serde_json::Value> {
+    vec![serde_json::Value::String(t.to_string())]
+}
+
+/// `a.b.c` with each part quoted.
+fn object_sql(name: &ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|p| spi::ident(p))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// Plain DDL that other nodes must also run when the database is multi-region.
+fn is_ddl(sql: &str) -> bool {
+    let first = sql
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    matches!(
+        first.as_str(),
+        "CREATE" | "ALTER" | "DROP" | "COMMENT" | "GRANT" | "REVOKE"
+    )
+}
+
+pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
+    let stmt = mr_sql::parse(sql).map_err(|e| MrError::Syntax {
+        message: e.message,
+        position: e.position,
+    })?;
+    let mut effect = Effect::default();
+    let multi_region = || catalog::load(false).0.is_some();
+    let out = match &stmt {
+        None => {
+            spi::run(sql);
+            effect.changed = is_ddl(sql) && multi_region();
+            tag("OK")
+        }
+        Some(s @ Statement::AlterDatabasePrimaryRegion { .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag("ALTER DATABASE PRIMARY REGION")
+        }
+        Some(s @ Statement::AlterDatabaseAddRegion { .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag("ALTER DATABASE ADD REGION")
+        }
+        Some(s @ Statement::AlterDatabaseDropRegion { .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag("ALTER DATABASE DROP REGION")
+        }
+        Some(s @ Statement::AlterDatabaseSurvival { .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag("ALTER DATABASE SURVIVE")
+        }
+        Some(s @ Statement::AlterDatabasePlacement { .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag("ALTER DATABASE PLACEMENT")
+        }
+        Some(s @ Statement::AlterDatabaseSecondaryRegion { region, .. }) => {
+            run_database_statement(s, &mut effect)?;
+            tag(if region.is_some() {
+                "ALTER DATABASE SET SECONDARY REGION"
+            } else {
+                "ALTER DATABASE DROP SECONDARY REGION"
+            })
+        }
+        Some(Statement::CreateDatabase {
+            name,
+            if_not_exists,
+            primary_region,
+            regions,
+            survival,
+            placement,
+            secondary_region,
+        }) => {
+            create_database(
+                name,
+                *if_not_exists,
+                primary_region.as_deref(),
+                regions,
+                *survival,
+                *placement,
+                secondary_region.as_deref(),
+                &mut effect,
+            )?;
+            tag("CREATE DATABASE")
+        }
+        Some(Statement::CreateTable {
+            table,
+            sql: create,
+            locality,
+        }) => {
+            spi::run(create);
+            if let Some(locality) = locality {
+                let relid = resolve_table(&object_sql(table))?;
+                set_locality(relid, locality, &mut effect)?;
+            }
+            effect.changed |= multi_region();
+            tag("CREATE TABLE")
+        }
+        Some(Statement::AlterTableSetLocality { table, locality }) => {
+            let relid = resolve_table(&object_sql(table))?;
+            set_locality(relid, locality, &mut effect)?;
+            tag("ALTER TABLE SET LOCALITY")
+        }
+        Some(Statement::Rewritten { sql: rewritten }) => {
+            spi::run(rewritten);
+            effect.changed = multi_region();
+            tag("ALTER TABLE")
+        }
+        Some(show_stmt) => show::run(show_stmt)?,
+    };
+    finish(effect, sql, origin)?;
+    Ok(out)
+}
+
+/// A function cannot run `CREATE DATABASE`; the equivalent is to create the database with
+/// PostgreSQL's statement and run this one connected to it, which configures its regions.
+#[allow(clippy::too_many_arguments)]
+fn create_database(
+    name: &str,
+    if_not_exists: bool,
+    primary_region: Option<&str>,
+    regions: &[String],
+    survival: Option<mr_sql::SurvivalGoal>,
+    placement: Option<mr_sql::Placement>,
+    secondary_region: Option<&str>,
+    effect: &mut Effect,
+) -> Result<(), MrError> {
+    let current = catalog::database_name();
+    let exists = spi::flag(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)::text",
+        vec![name.into()],
+    );
+    if name != current {
+        return Err(MrError::CreateDatabaseInFunction {
+            name: name.to_string(),
+            exists,
+        });
+    }
+    if catalog::load(false).0.is_some() {
+        if if_not_exists {
+            pgrx::notice!("database \"{name}\" already exists, skipping");
+            return Ok(());
+        }
+        return Err(MrError::DatabaseExists(name.to_string()));
+    }
+    require_current(name)?;
+    let Some(primary) = primary_region else {
+        return Ok(());
+    };
+    use mr_sql::Statement as S;
+    let database = name.to_string();
+    let mut steps = vec![S::AlterDatabasePrimaryRegion {
+        database: database.clone(),
+        region: primary.to_string(),
+    }];
+    for r in regions.iter().filter(|r| r.as_str() != primary) {
+        steps.push(S::AlterDatabaseAddRegion {
+            database: database.clone(),
+            region: r.clone(),
+            if_not_exists: false,
+        });
+    }
+    if let Some(goal) = survival {
+        steps.push(S::AlterDatabaseSurvival {
+            database: database.clone(),
+            goal,
+        });
+    }
+    if let Some(placement) = placement {
+        steps.push(S::AlterDatabasePlacement {
+            database: database.clone(),
+            placement,
+        });
+    }
+    if let Some(s) = secondary_region {
+        steps.push(S::AlterDatabaseSecondaryRegion {
+            database: database.clone(),
+            region: Some(s.to_string()),
+        });
+    }
+    for step in &steps {
+        run_database_statement(step, effect)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,486 @@
+//! Database regions, survival goals, placement and table localities: the executor behind
+//! `multiregion.execute(text)` and the native functions.
+//!
+//! Every statement runs the same way: check the caller's privileges, lock this database's
+//! multi-region catalog row, decide with the pure rules of `mr_zoneconfig::ddl`, change the
+//! PostgreSQL objects (the region domain, partitions, tables) as the extension's owner, bump
+//! the schema version, and — unless it is itself applying a replicated change — propose the
+//! statement to the meta group and wait until every other live node has applied it. A failure
+//! anywhere aborts the caller's statement, so nothing is half-applied.
+
+mod catalog;
+mod execute;
+mod rbr;
+mod replicate;
+mod show;
+mod spi;
+
+use crate::error::{MrError, OrRaise};
+use crate::sidecar;
+use catalog::LocalityRow;
+use mr_meta::{DatabaseConfig, TableLocality};
+use mr_zoneconfig::ddl::{self, Change, DdlError};
+use pgrx::pg_sys::Oid;
+use pgrx::prelude::*;
+use spi::{ident, lit, run};
+use std::collections::BTreeSet;
+
+extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);
+
+/// The regions nodes were started in, from the meta group.
+fn cluster_regions() -> Result<BTreeSet<String>, MrError> {
+    Ok(sidecar::cluster_regions()?
+        .into_iter()
+        .map(|r| r.region)
+        .collect())
+}
+
+/// The caller must own the current database (or be a superuser, or a member of the owner).
+fn require_database_owner(database: &str) -> Result<(), MrError> {
+    let ok = spi::flag(
+        "SELECT pg_catalog.pg_has_role(current_user, datdba, 'USAGE')::text \
+         FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()",
+        vec![],
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(MrError::NotOwner {
+            kind: "database",
+            name: database.to_string(),
+        })
+    }
+}
+
+fn require_table_owner(relid: Oid) -> Result<(), MrError> {
+    let ok = spi::flag(
+        "SELECT pg_catalog.pg_has_role(current_user, relowner, 'USAGE')::text \
+         FROM pg_catalog.pg_class WHERE oid = $1",
+        vec![relid.into()],
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(MrError::NotOwner {
+            kind: "table",
+            name: relname(relid),
+        })
+    }
+}
+
+/// The table's name as the user wrote it in the search path (qualified if not visible).
+fn relname(relid: Oid) -> String {
+    spi::one("SELECT $1::regclass::text", vec![relid.into()]).unwrap_or_default()
+}
+
+/// Only the current database can be changed: a function runs inside one database.
+fn require_current(database: &str) -> Result<String, MrError> {
+    let current = catalog::database_name();
+    if database != current {
+        return Err(MrError::OtherDatabase {
+            database: database.to_string(),
+            current,
+        });
+    }
+    Ok(current)
+}
+
+/// How a statement came to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A user's statement on this node: propose it, then wait for every other node.
+    User,
+    /// pgmr applying a change another node committed: neither propose nor wait.
+    Replicated,
+}
+
+/// What the executor decided, for the command tag and for replication.
+#[derive(Debug, Default)]
+struct Effect {
+    /// The configuration changed (or stopped being multi-region): `Some(new)`.
+    config: Option<Option<DatabaseConfig>>,
+    /// Table localities that changed, as (schema, table, locality).
+    localities: Vec<(String, String, Option<TableLocality>)>,
+    /// The statement changed something that other nodes must apply.
+    changed: bool,
+}
+
+/// The domain that holds a database's regions, in `public` as CockroachDB has it.
+const REGION_TYPE: &str = "public.crdb_internal_region";
+
+/// Replaces the domain's check with one allowing exactly `regions`. Validates every column
+/// of the type, so a region still in use cannot disappear.
+fn set_region_domain(config: &DatabaseConfig, created: bool) {
+    let check = format!(
+        "CHECK (multiregion.valid_region(VALUE, {}))",
+        catalog::quoted_regions(config)
+    );
+    if created {
+        run(&format!(
+            "CREATE DOMAIN {REGION_TYPE} AS text CONSTRAINT crdb_internal_region_valid {check}"
+        ));
+        run(&format!(
+            "COMMENT ON DOMAIN {REGION_TYPE} IS 'pg_multiregion: the regions of this database'"
+        ));
+        let owner = spi::one(
+            "SELECT pg_catalog.pg_get_userbyid(datdba)::text FROM pg_catalog.pg_database \
+             WHERE datname = pg_catalog.current_database()",
+            vec![],
+        )
+        .unwrap_or_default();
+        run(&format!(
+            "ALTER DOMAIN {REGION_TYPE} OWNER TO {}",
+            ident(&owner)
+        ));
+    } else {
+        run(&format!(
+            "ALTER DOMAIN {REGION_TYPE} DROP CONSTRAINT crdb_internal_region_valid"
+        ));
+        run(&format!(
+            "ALTER DOMAIN {REGION_TYPE} ADD CONSTRAINT crdb_internal_region_valid {check}"
+        ));
+    }
+}
+
+/// Applies a database-level [`Change`] decided by the rules.
+fn apply_database_change(
+    before: Option<&DatabaseConfig>,
+    change: Change,
+    effect: &mut Effect,
+) -> Result<(), MrError> {
+    let next = match change {
+        Change::Skip(notice) => {
+            pgrx::notice!("{notice}");
+            return Ok(());
+        }
+        Change::Unset => None,
+        Change::Set(next) => Some(next),
+    };
+    spi::as_extension_owner(|| -> Result<(), MrError> {
+        match (before, &next) {
+            (None, Some(next)) => set_region_domain(next, true),
+            (Some(before), Some(next)) => {
+                let added: Vec<&String> = next.regions.difference(&before.regions).collect();
+                let dropped: Vec<&String> = before.regions.difference(&next.regions).collect();
+                for region in &dropped {
+                    rbr::check_region_unused(region)?;
+                }
+                if !added.is_empty() || !dropped.is_empty() {
+                    set_region_domain(next, false);
+                }
+                for region in added {
+                    rbr::add_partitions(region);
+                }
+                for region in dropped {
+                    rbr::drop_partitions(region);
+                }
+            }
+            (Some(before), None) => {
+                for region in &before.regions {
+                    rbr::check_region_unused(region)?;
+                }
+                run(&format!("DROP DOMAIN {REGION_TYPE}"));
+                run("DELETE FROM multiregion.table_locality");
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    })?;
+    let (_, version) = catalog::load(false);
+    spi::as_extension_owner(|| catalog::store(next.as_ref(), version));
+    effect.config = Some(next);
+    effect.changed = true;
+    Ok(())
+}
+
+/// Runs one parsed multi-region statement against the current database.
+fn run_database_statement(stmt: &mr_sql::Statement, effect: &mut Effect) -> Result<(), MrError> {
+    use mr_sql::Statement as S;
+    let (database, decide): (
+        &str,
+        Box<dyn Fn(Option<&DatabaseConfig>, &str) -> Result<Change, MrError>>,
+    ) = match stmt {
+        S::AlterDatabasePrimaryRegion { database, region } => (
+            database,
+            Box::new(move |db, name| {
+                Ok(ddl::set_primary_region(
+                    db,
+                    name,
+                    &cluster_regions()?,
+                    region,
+                )?)
+            }),
+        ),
+        S::AlterDatabaseAddRegion {
+            database,
+            region,
+            if_not_exists,
+        } => (
+            database,
+            Box::new(move |db, name| {
+                Ok(ddl::add_region(
+                    db,
+                    name,
+                    &cluster_regions()?,
+                    region,
+                    *if_not_exists,
+                )?)
+            }),
+        ),
+        S::AlterDatabaseDropRegion {
+            database,
+            region,
+            if_exists,
+        } => (
+            database,
+            Box::new(move |db, name| {
+                let homed = rbr::tables_homed_in(region);
+                Ok(ddl::drop_region(db, name, region, *if_exists, &homed)?)
+            }),
+        ),
+        S::AlterDatabaseSurvival { database, goal } => (
+            database,
+            Box::new(move |db, name| Ok(ddl::set_survival(db, name, *goal)?)),
+        ),
+        S::AlterDatabasePlacement {
+            database,
+            placement,
+        } => (
+            database,
+            Box::new(move |db, name| Ok(ddl::set_placement(db, name, *placement)?)),
+        ),
+        S::AlterDatabaseSecondaryRegion { database, region } => (
+            database,
+            Box::new(move |db, name| {
+                Ok(ddl::set_secondary_region(
+                    db,
+                    name,
+                    region.as_deref(),
+                    false,
+                )?)
+            }),
+        ),
+        _ => unreachable!("not a database statement"),
+    };
+    let name = require_current(database)?;
+    require_database_owner(&name)?;
+    let (before, _) = catalog::load(true);
+    let change = decide(before.as_ref(), &name)?;
+    apply_database_change(before.as_ref(), change, effect)
+}
+
+/// `ALTER TABLE t SET LOCALITY …` (also the second half of `CREATE TABLE … LOCALITY`).
+fn set_locality(
+    relid: Oid,
+    locality: &mr_sql::Locality,
+    effect: &mut Effect,
+) -> Result<(), MrError> {
+    require_table_owner(relid)?;
+    let name = catalog::database_name();
+    let (config, _) = catalog::load(true);
+    let target = match locality {
+        mr_sql::Locality::Global => TableLocality::Global,
+        mr_sql::Locality::RegionalByTable { region } => TableLocality::RegionalByTable {
+            region: region.clone(),
+        },
+        mr_sql::Locality::RegionalByRow { column } => TableLocality::RegionalByRow {
+            column: column
+                .clone()
+                .unwrap_or_else(|| rbr::HIDDEN_COLUMN.to_string()),
+        },
+    };
+    ddl::check_locality(config.as_ref(), &name, &target)?;
+    let config = config.expect("checked multi-region");
+    let current = catalog::locality(relid);
+    let (schema, table) = {
+        let r = spi::rows(
+            "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            vec![relid.into()],
+        );
+        let r = r.into_iter().next().unwrap_or_default();
+        (
+            r.first().cloned().flatten().unwrap_or_default(),
+            r.get(1).cloned().flatten().unwrap_or_default(),
+        )
+    };
+    let new_relid = spi::as_extension_owner(|| -> Result<Oid, MrError> {
+        let mut relid = relid;
+        let was_rbr = matches!(current.locality, TableLocality::RegionalByRow { .. });
+        let is_rbr = matches!(target, TableLocality::RegionalByRow { .. });
+        if was_rbr {
+            relid = rbr::convert_from_rbr(relid, &current)?;
+        }
+        if let TableLocality::RegionalByRow { column } = &target {
+            relid = rbr::convert_to_rbr(relid, column, &config)?;
+        } else {
+            let row = LocalityRow {
+                locality: target.clone(),
+                hidden: false,
+                region_expr_sql: None,
+                auto_rehoming: false,
+            };
+            catalog::store_locality(relid, &row, None);
+        }
+        let _ = is_rbr;
+        Ok(relid)
+    })?;
+    let _ = new_relid;
+    effect.localities.push((schema, table, Some(target)));
+    effect.changed = true;
+    Ok(())
+}
+
+/// Ends a statement that changed something: bumps the schema version and, for a user's
+/// statement, replicates `sql` through the meta group.
+fn finish(effect: Effect, sql: &str, origin: Origin) -> Result<(), MrError> {
+    if !effect.changed {
+        return Ok(());
+    }
+    let (config, version) = catalog::load(true);
+    spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
+    if origin == Origin::User {
+        replicate::propose(sql, version, config.as_ref(), &effect.localities)?;
+    }
+    Ok(())
+}
+
+impl From<DdlError> for MrError {
+    fn from(e: DdlError) -> Self {
+        MrError::Ddl(e)
+    }
+}
+
+/// The region type's check: `value` must be one of `regions`, else CockroachDB's error for an
+/// unknown region with the valid ones as hint.
+#[pg_extern(schema = "multiregion", immutable, parallel_safe)]
+fn valid_region(value: &str, regions: Vec<String>) -> bool {
+    if regions.iter().any(|r| r == value) {
+        return true;
+    }
+    MrError::Ddl(DdlError {
+        sqlstate: "22P02",
+        message: format!(
+            "invalid input value for enum crdb_internal_region: {}",
+            lit(value)
+        ),
+        hint: Some(format!("valid regions: {}", regions.join(", "))),
+    })
+    .raise()
+}
+
+/// CockroachDB's `default_to_database_primary_region(region)`: the region if it is one of
+/// the database's, else the primary region.
+#[pg_extern(schema = "multiregion", stable, parallel_safe)]
+fn default_to_database_primary_region(region: &str) -> Option<String> {
+    let (config, _) = catalog::load(false);
+    let config = config?;
+    if config.regions.contains(region) {
+        Some(region.to_string())
+    } else {
+        Some(config.primary_region)
+    }
+}
+
+/// CockroachDB's `rehome_row()`: the gateway region if it is a database region, else the
+/// primary region; used as `ON UPDATE` value of region columns under auto-rehoming.
+#[pg_extern(schema = "multiregion", stable, parallel_safe)]
+fn rehome_row() -> Option<String> {
+    let gateway = crate::gucs::locality().ok()?.region().to_owned();
+    default_to_database_primary_region(&gateway)
+}
+
+fn native(sql: String) {
+    execute::execute_one(&sql, Origin::User).or_raise();
+}
+
+/// `ALTER DATABASE <current> PRIMARY REGION region`.
+#[pg_extern(schema = "multiregion")]
+fn set_primary_region(region: &str) {
+    native(format!(
+        "ALTER DATABASE {} PRIMARY REGION {}",
+        ident(&catalog::database_name()),
+        ident(region)
+    ));
+}
+
+/// `ALTER DATABASE <current> ADD REGION [IF NOT EXISTS] region`.
+#[pg_extern(schema = "multiregion")]
+fn add_region(region: &str, if_not_exists: default!(bool, false)) {
+    native(format!(
+        "ALTER DATABASE {} ADD REGION {}{}",
+        ident(&catalog::database_name()),
+        if if_not_exists { "IF NOT EXISTS " } else { "" },
+        ident(region)
+    ));
+}
+
+/// `ALTER DATABASE <current> DROP REGION [IF EXISTS] region`.
+#[pg_extern(schema = "multiregion")]
+fn drop_region(region: &str, if_exists: default!(bool, false)) {
+    native(format!(
+        "ALTER DATABASE {} DROP REGION {}{}",
+        ident(&catalog::database_name()),
+        if if_exists { "IF EXISTS " } else { "" },
+        ident(region)
+    ));
+}
+
+/// `ALTER DATABASE <current> SURVIVE { ZONE | REGION } FAILURE`; `goal` is `zone` or `region`.
+#[pg_extern(schema = "multiregion")]
+fn set_survival_goal(goal: &str) {
+    let goal = match goal.to_ascii_lowercase().as_str() {
+        "zone" => "ZONE",
+        "region" => "REGION",
+        _ => MrError::BadArgument {
+            what: "survival goal",
+            value: goal.to_string(),
+            expected: "zone or region",
+        }
+        .raise(),
+    };
+    native(format!(
+        "ALTER DATABASE {} SURVIVE {goal} FAILURE",
+        ident(&catalog::database_name())
+    ));
+}
+
+/// `ALTER DATABASE <current> PLACEMENT { RESTRICTED | DEFAULT }`.
+#[pg_extern(schema = "multiregion")]
+fn set_placement(placement: &str) {
+    let placement = match placement.to_ascii_lowercase().as_str() {
+        "default" => "DEFAULT",
+        "restricted" => "RESTRICTED",
+        _ => MrError::BadArgument {
+            what: "placement",
+            value: placement.to_string(),
+            expected: "default or restricted",
+        }
+        .raise(),
+    };
+    native(format!(
+        "ALTER DATABASE {} PLACEMENT {placement}",
+        ident(&catalog::database_name())
+    ));
+}
+
+/// `ALTER TABLE t SET LOCALITY <locality>`, the locality written as CockroachDB does
+/// (`GLOBAL`, `REGIONAL BY TABLE IN "us-east1"`, `REGIONAL BY ROW AS region`, …).
+#[pg_extern(schema = "multiregion", name = "set_locality")]
+fn set_locality_native(tbl: &str, locality: &str) {
+    let relid = resolve_table(tbl).or_raise();
+    let name = spi::as_extension_owner(|| relname(relid));
+    native(format!("ALTER TABLE {name} SET LOCALITY {locality}"));
+}
+
+/// A table name as PostgreSQL resolves it in the caller's search path.
+fn resolve_table(name: &str) -> Result<Oid, MrError> {
+    let oid = spi::one(
+        "SELECT c.oid::text FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1) \
+         AND c.relkind IN ('r', 'p')",
+        vec![name.into()],
+    );
+    oid.and_then(|o| o.parse::<u32>().ok())
+        .map(Oid::from)
+        .ok_or_else(|| MrError::NoSuchTable(name.to_string()))
+}

@@ -1,0 +1,116 @@
+//! Schema changes through the meta Raft group. The statement that ran here is the change:
+//! every other node's pgmr hands it, in log order, to `multiregion.apply_schema_change`, which
+//! runs it with the same search path and role. The proposal is a compare-and-set on the
+//! database's schema version, so two nodes changing one database at once cannot both win.
+
+use super::{catalog, execute, spi, Origin};
+use crate::error::{MrError, OrRaise};
+use crate::{gucs, sidecar};
+use mr_meta::{DatabaseConfig, TableLocality, TableRef};
+use pgrx::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How long a statement waits for the other nodes to apply it.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ChangeRecord {
+    sql: String,
+    search_path: String,
+    role: String,
+}
+
+/// Proposes `sql` as the change after `version`, then waits for every other live node.
+/// Without pgmr (`multiregion.sidecar_socket` unset) the node is on its own: nothing to do.
+pub(super) fn propose(
+    sql: &str,
+    version: i64,
+    config: Option<&DatabaseConfig>,
+    localities: &[(String, String, Option<TableLocality>)],
+) -> Result<(), MrError> {
+    if gucs::sidecar_socket().is_none() {
+        return Ok(());
+    }
+    let database = catalog::database_name();
+    let record = ChangeRecord {
+        sql: sql.to_string(),
+        search_path: spi::one("SELECT pg_catalog.current_setting('search_path')", vec![])
+            .unwrap_or_default(),
+        role: spi::one("SELECT current_user::text", vec![]).unwrap_or_default(),
+    };
+    let change = serde_json::to_string(&record).expect("a change record serializes");
+    let localities = localities
+        .iter()
+        .map(|(schema, table, l)| {
+            let t = TableRef {
+                database: database.clone(),
+                schema: schema.clone(),
+                table: table.clone(),
+            };
+            (t, l.clone())
+        })
+        .collect();
+    let expected = u64::try_from(version).unwrap_or(0);
+    let new = sidecar::propose_schema_change(
+        database.clone(),
+        expected,
+        change,
+        config.cloned(),
+        localities,
+    )?;
+    // The change is committed: a node that is slow to apply it gets a warning, not an error
+    // that would undo the change here while the others go on to apply it.
+    if let Err(e) = sidecar::await_schema_applied(database, new, APPLY_TIMEOUT) {
+        pgrx::warning!("{e}");
+    }
+    Ok(())
+}
+
+/// Applies schema change `version` committed by another node; does nothing if this database
+/// has applied it already. Called by pgmr only (superuser).
+#[pg_extern(schema = "multiregion")]
+fn apply_schema_change(version: i64, change: &str) {
+    apply(version, change).or_raise()
+}
+
+fn apply(version: i64, change: &str) -> Result<(), MrError> {
+    let (_, current) = catalog::load(true);
+    if current >= version {
+        return Ok(());
+    }
+    if current + 1 != version {
+        return Err(MrError::SchemaGap {
+            have: current,
+            got: version,
+        });
+    }
+    let record: ChangeRecord =
+        serde_json::from_str(change).map_err(|e| MrError::BadChange(e.to_string()))?;
+    spi::run_with(
+        "SELECT pg_catalog.set_config('search_path', $1, true)",
+        vec![record.search_path.as_str().into()],
+    );
+    spi::run(&format!("SET LOCAL ROLE {}", spi::ident(&record.role)));
+    execute::execute_one(&record.sql, Origin::Replicated)?;
+    spi::run("RESET ROLE");
+    let (_, now) = catalog::load(false);
+    if now != version {
+        // The statement changed nothing here (e.g. IF NOT EXISTS found it done): record it.
+        let (config, _) = catalog::load(true);
+        spi::as_extension_owner(|| catalog::store(config.as_ref(), version));
+    }
+    Ok(())
+}
+
+/// This database's schema version: how many multi-region schema changes it has applied.
+#[pg_extern(schema = "multiregion", stable)]
+fn schema_version() -> i64 {
+    catalog::load(false).1
+}
+
+extension_sql!(
+    "REVOKE EXECUTE ON FUNCTION multiregion.apply_schema_change(bigint, text) FROM PUBLIC;",
+    name = "revoke_apply",
+    requires = [apply_schema_change]
+);

@@ -1,0 +1,206 @@
+//! The native forms of CockroachDB's SHOW statements (views in schema `multiregion`, same
+//! columns), and `SHOW …` through `multiregion.execute`.
+
+use super::catalog;
+use super::spi::{self, rows};
+use crate::error::{MrError, OrRaise};
+use mr_meta::TableLocality;
+use mr_sql::{ShowRegions, Statement, ZoneTarget};
+use mr_zoneconfig::{zone_config, Target};
+use pgrx::prelude::*;
+
+extension_sql!(
+    r#"
+CREATE VIEW multiregion.regions AS
+WITH cluster AS (SELECT region, zones FROM multiregion.cluster_regions())
+SELECT pg_catalog.current_database()::text AS database, r.region,
+       r.region = c.primary_region AS "primary",
+       r.region IS NOT DISTINCT FROM c.secondary_region AS secondary,
+       COALESCE((SELECT zones FROM cluster WHERE cluster.region = r.region), '{}') AS zones
+  FROM multiregion.database_config c, unnest(c.regions) AS r(region)
+ ORDER BY 3 DESC, 2;
+COMMENT ON VIEW multiregion.regions IS 'SHOW REGIONS FROM DATABASE';
+
+CREATE VIEW multiregion.survival_goal AS
+SELECT pg_catalog.current_database()::text AS database,
+       CASE WHEN primary_region IS NOT NULL THEN survival_goal END AS survival_goal
+  FROM multiregion.database_config;
+COMMENT ON VIEW multiregion.survival_goal IS 'SHOW SURVIVAL GOAL FROM DATABASE';
+
+CREATE VIEW multiregion.tables AS
+SELECT n.nspname::text AS schema_name, c.relname::text AS table_name, 'table'::text AS type,
+       pg_catalog.pg_get_userbyid(c.relowner)::text AS owner,
+       GREATEST(c.reltuples, 0)::bigint AS estimated_row_count,
+       CASE WHEN cfg.primary_region IS NOT NULL THEN multiregion.table_locality_sql(c.oid) END AS locality
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace,
+       multiregion.database_config cfg
+ WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+   AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys')
+   AND n.nspname !~ '^pg_(toast|temp)'
+ ORDER BY 1, 2;
+COMMENT ON VIEW multiregion.tables IS 'SHOW TABLES, with each table''s locality';
+
+CREATE VIEW multiregion.zone_configurations AS
+SELECT target, raw_config_sql FROM multiregion.zone_configurations_info();
+COMMENT ON VIEW multiregion.zone_configurations IS 'SHOW ZONE CONFIGURATIONS';
+GRANT SELECT ON multiregion.regions, multiregion.survival_goal, multiregion.tables,
+    multiregion.zone_configurations TO PUBLIC;
+"#,
+    name = "show_views",
+    finalize
+);
+
+/// A table's locality as CockroachDB prints it (`GLOBAL`, `REGIONAL BY ROW`, …).
+#[pg_extern(schema = "multiregion", stable)]
+fn table_locality_sql(relid: pg_sys::Oid) -> String {
+    mr_zoneconfig::ddl::locality_sql(&catalog::locality(relid).locality)
+}
+
+/// `ALTER … CONFIGURE ZONE` text of every object of the database, derived from its regions,
+/// survival goal and the tables' localities.
+#[pg_extern(schema = "multiregion", stable)]
+fn zone_configurations_info(
+) -> TableIterator<'static, (name!(target, String), name!(raw_config_sql, String))> {
+    TableIterator::new(zone_rows().or_raise())
+}
+
+fn zone_rows() -> Result<Vec<(String, String)>, MrError> {
+    let (Some(config), _) = catalog::load(false) else {
+        return Ok(vec![]);
+    };
+    let db = spi::ident(&config.database);
+    let mut out = vec![];
+    let database = zone_config(&config, Target::Database).map_err(zone_error)?;
+    out.push((
+        format!("DATABASE {db}"),
+        database.raw_config_sql(&format!("DATABASE {db}")),
+    ));
+    let tables = rows(
+        "SELECT c.oid::text, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
+           AND n.nspname !~ '^pg_(toast|temp)' ORDER BY 2",
+        vec![],
+    );
+    for t in tables {
+        let relid = pg_sys::Oid::from(t[0].as_deref().unwrap_or("0").parse::<u32>().unwrap_or(0));
+        let name = format!("{db}.{}", t[1].clone().unwrap_or_default());
+        let locality = catalog::locality(relid).locality;
+        let zc = zone_config(&config, Target::Table(&locality)).map_err(zone_error)?;
+        out.push((
+            format!("TABLE {name}"),
+            zc.raw_config_sql(&format!("TABLE {name}")),
+        ));
+        if matches!(locality, TableLocality::RegionalByRow { .. }) {
+            for region in &config.regions {
+                let target = format!("PARTITION {} OF TABLE {name}", spi::ident(region));
+                let zc = zone_config(&config, Target::Partition { region }).map_err(zone_error)?;
+                out.push((target.clone(), zc.raw_config_sql(&target)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn zone_error(e: mr_zoneconfig::ZoneConfigError) -> MrError {
+    MrError::Sidecar(e.to_string())
+}
+
+/// Rows of `query` as JSON objects with the columns in order.
+fn json_rows(query: &str, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<serde_json::Value> {
+    rows(
+        &format!("SELECT pg_catalog.row_to_json(q)::text FROM ({query}) q"),
+        args,
+    )
+    .into_iter()
+    .filter_map(|r| r.into_iter().next().flatten())
+    .filter_map(|s| serde_json::from_str(&s).ok())
+    .collect()
+}
+
+fn current_only(database: Option<&String>) -> Result<(), MrError> {
+    match database {
+        Some(d) => super::require_current(d).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
+    Ok(match stmt {
+        Statement::ShowRegions(ShowRegions::Cluster) => {
+            json_rows("SELECT region, zones FROM multiregion.cluster_regions()", vec![])
+        }
+        Statement::ShowRegions(ShowRegions::Database(db)) => {
+            current_only(db.as_ref())?;
+            json_rows("SELECT * FROM multiregion.regions", vec![])
+        }
+        Statement::ShowRegions(ShowRegions::All) => json_rows(
+            "SELECT c.region, c.zones, \
+               CASE WHEN r.region IS NULL THEN '{}'::text[] ELSE ARRAY[r.database] END AS database_names, \
+               CASE WHEN r.primary THEN ARRAY[r.database] ELSE '{}'::text[] END AS primary_region_of, \
+               CASE WHEN r.secondary THEN ARRAY[r.database] ELSE '{}'::text[] END AS secondary_region_of \
+             FROM multiregion.cluster_regions() c LEFT JOIN multiregion.regions r ON r.region = c.region \
+             ORDER BY c.region",
+            vec![],
+        ),
+        Statement::ShowRegions(ShowRegions::AllDatabases) => json_rows(
+            "SELECT pg_catalog.current_database()::text AS database_name, \
+               ARRAY(SELECT unnest(regions) ORDER BY 1) AS regions, primary_region, secondary_region \
+             FROM multiregion.database_config",
+            vec![],
+        ),
+        Statement::ShowSurvivalGoal { database } => {
+            current_only(database.as_ref())?;
+            json_rows("SELECT * FROM multiregion.survival_goal", vec![])
+        }
+        Statement::ShowZoneConfigurations => {
+            json_rows("SELECT * FROM multiregion.zone_configurations", vec![])
+        }
+        Statement::ShowZoneConfiguration(target) => {
+            let (kind, name) = match target {
+                ZoneTarget::Default => ("RANGE", "default".to_string()),
+                ZoneTarget::Database(d) => ("DATABASE", spi::ident(d)),
+                ZoneTarget::Table(t) => ("TABLE", qualify(&t.0)),
+                ZoneTarget::Partition {
+                    partition, table, ..
+                } => (
+                    "PARTITION",
+                    format!("{} OF TABLE {}", spi::ident(partition), qualify(&table.0)),
+                ),
+                ZoneTarget::Index { table, .. } => ("TABLE", qualify(&table.0)),
+            };
+            json_rows(
+                "SELECT * FROM multiregion.zone_configurations WHERE target = $1",
+                vec![format!("{kind} {name}").into()],
+            )
+        }
+        Statement::ShowLocality => json_rows(
+            "SELECT pg_catalog.current_setting('multiregion.locality') AS locality",
+            vec![],
+        ),
+        Statement::ShowTables { from } => {
+            let schema = from.as_ref().and_then(|f| f.0.last().cloned());
+            json_rows(
+                "SELECT * FROM multiregion.tables WHERE $1::text IS NULL OR schema_name = $1",
+                vec![schema.into()],
+            )
+        }
+        other => unreachable!("not a SHOW statement: {other:?}"),
+    })
+}
+
+/// `db.schema.table` for a zone target written as `t`, `s.t` or `db.s.t`.
+fn qualify(parts: &[String]) -> String {
+    let db = catalog::database_name();
+    let q: Vec<String> = match parts {
+        [t] => vec![db, "public".into(), t.clone()],
+        [s, t] => vec![db, s.clone(), t.clone()],
+        other => other.to_vec(),
+    };
+    q.iter()
+        .map(|p| spi::ident(p))
+        .collect::<Vec<_>>()
+        .join(".")
+}

@@ -1,0 +1,106 @@
+-- Database regions, survival goals, placement and table localities on a three-region cluster
+-- (us-east1, us-west1, europe-west1; this session's gateway is us-east1). Tables are created
+-- through multiregion.execute, which replicates them to every node.
+\set VERBOSITY default
+SELECT * FROM multiregion.cluster_regions();
+
+-- Not multi-region yet.
+SELECT * FROM multiregion.survival_goal;
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION "us-west1"');
+SELECT multiregion.execute('ALTER TABLE t SET LOCALITY GLOBAL');
+SELECT multiregion.execute('CREATE TABLE early (id int PRIMARY KEY) LOCALITY GLOBAL');
+SELECT multiregion.execute('ALTER DATABASE regress_mr SURVIVE REGION FAILURE');
+
+-- Only the database owner changes regions.
+CREATE ROLE regress_mr_alice;
+SET ROLE regress_mr_alice;
+SELECT multiregion.execute('ALTER DATABASE regress_mr PRIMARY REGION "us-east1"');
+RESET ROLE;
+
+-- Regions must exist in the cluster.
+SELECT multiregion.execute('ALTER DATABASE regress_mr PRIMARY REGION "mars"');
+SELECT multiregion.execute('ALTER DATABASE regress_mr PRIMARY REGION "us-east1"');
+SELECT * FROM multiregion.regions;
+SELECT multiregion.execute('ALTER DATABASE regress_mr SET PRIMARY REGION "us-west1"');
+SELECT multiregion.add_region('us-west1');
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION "us-west1"');
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION IF NOT EXISTS "us-west1"');
+SELECT * FROM multiregion.regions;
+
+-- The region type holds exactly the database's regions.
+SELECT 'us-west1'::crdb_internal_region;
+SELECT 'mars'::crdb_internal_region;
+
+-- Survival and placement.
+SELECT multiregion.execute('ALTER DATABASE regress_mr SURVIVE REGION FAILURE');
+SELECT multiregion.execute('ALTER DATABASE regress_mr PLACEMENT RESTRICTED');
+SELECT * FROM multiregion.survival_goal;
+SELECT multiregion.set_placement('default');
+SELECT multiregion.set_placement('sometimes');
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION "europe-west1"');
+SELECT multiregion.execute('ALTER DATABASE regress_mr SURVIVE REGION FAILURE');
+SELECT * FROM multiregion.execute('SHOW SURVIVAL GOAL FROM DATABASE regress_mr');
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "us-west1"');
+SELECT multiregion.execute('ALTER DATABASE regress_mr PLACEMENT RESTRICTED');
+SELECT multiregion.set_survival_goal('zone');
+
+-- Dropping regions.
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "us-east1"');
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION IF EXISTS "mars"');
+SELECT multiregion.execute('ALTER DATABASE other PRIMARY REGION "us-east1"');
+
+-- Table localities.
+SELECT multiregion.execute('CREATE TABLE promo_codes (code text PRIMARY KEY, description text) LOCALITY GLOBAL');
+SELECT multiregion.execute('CREATE TABLE west (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1"');
+SELECT multiregion.execute('CREATE TABLE plain (id int PRIMARY KEY)');
+SELECT multiregion.execute('ALTER TABLE plain SET LOCALITY REGIONAL BY TABLE IN "asia"');
+SELECT * FROM multiregion.tables;
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "us-west1"');
+SELECT multiregion.set_locality('west', 'REGIONAL BY TABLE IN PRIMARY REGION');
+SET ROLE regress_mr_alice;
+SELECT multiregion.set_locality('west', 'GLOBAL');
+RESET ROLE;
+
+-- REGIONAL BY ROW with the system-provided crdb_region.
+SELECT multiregion.execute('CREATE TABLE accounts (id int PRIMARY KEY, email text UNIQUE, note text) LOCALITY REGIONAL BY ROW');
+INSERT INTO accounts (id, email) VALUES (1, 'a@x'), (2, 'b@x');
+INSERT INTO accounts (id, email, crdb_region) VALUES (3, 'c@x', 'europe-west1');
+SELECT id, email, crdb_region FROM accounts ORDER BY id;
+SELECT tableoid::regclass, id FROM accounts ORDER BY id;
+-- Unique across regions, though the partitions' own keys start with the region.
+INSERT INTO accounts (id, email, crdb_region) VALUES (1, 'd@x', 'us-west1');
+INSERT INTO accounts (id, email, crdb_region) VALUES (4, 'a@x', 'us-west1');
+-- Rehoming keeps the key.
+UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 2;
+SELECT tableoid::regclass, id FROM accounts ORDER BY id;
+INSERT INTO accounts (id, email) VALUES (2, 'e@x');
+-- A region with rows cannot be dropped; nothing changes.
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "europe-west1"');
+SELECT region FROM multiregion.regions ORDER BY 1;
+DELETE FROM accounts WHERE crdb_region = 'europe-west1';
+SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "europe-west1"');
+SELECT region FROM multiregion.regions ORDER BY 1;
+SELECT count(*) FROM pg_inherits WHERE inhparent = 'accounts'::regclass;
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION "europe-west1"');
+SELECT count(*) FROM pg_inherits WHERE inhparent = 'accounts'::regclass;
+SELECT * FROM multiregion.execute('SHOW ZONE CONFIGURATION FROM TABLE accounts');
+SELECT target FROM multiregion.zone_configurations;
+
+-- Back to REGIONAL BY TABLE: the hidden column goes, keys and rows stay.
+SELECT multiregion.execute('ALTER TABLE accounts SET LOCALITY REGIONAL BY TABLE');
+\d accounts
+SELECT * FROM accounts ORDER BY id;
+SELECT count(*) FROM multiregion_keys.accounts;
+
+-- REGIONAL BY ROW AS a column, which must be of the region type and NOT NULL.
+SELECT multiregion.execute('CREATE TABLE t2 (id int PRIMARY KEY, r text)');
+SELECT multiregion.execute('ALTER TABLE t2 SET LOCALITY REGIONAL BY ROW AS r');
+SELECT multiregion.execute('ALTER TABLE t2 ADD COLUMN r2 crdb_internal_region');
+SELECT multiregion.execute('ALTER TABLE t2 SET LOCALITY REGIONAL BY ROW AS r2');
+SELECT multiregion.execute('ALTER TABLE t2 SET LOCALITY REGIONAL BY ROW AS nope');
+
+-- Syntax errors carry a position.
+SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION');
+SELECT * FROM multiregion.execute('SHOW REGIONS FROM DATABASE');
+SELECT multiregion.schema_version() > 0 AS versioned;
+DROP ROLE regress_mr_alice;
