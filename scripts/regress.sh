@@ -10,7 +10,8 @@
 #   unconfigured  preloaded, with neither locality nor sidecar socket set;
 #   startup       a malformed multiregion.locality in postgresql.conf must stop the server;
 #   cluster       against a real three-region cluster ("pgmr demo --nodes 3", one node per
-#                 region): the region and locality SQL, replicated through the meta group.
+#                 region): the region and locality SQL, replicated through the meta group,
+#                 and isolation tests (concurrent sessions) of global uniqueness.
 #
 # initdb and postgres refuse to run as root, so when run as root the tests run as the OS user
 # postgres (override with REGRESS_USER). Exits non-zero if any phase fails, after printing its
@@ -24,6 +25,7 @@ if [ ! -x "$PG_CONFIG" ]; then
 fi
 bindir=$("$PG_CONFIG" --bindir)
 pg_regress="$(dirname "$("$PG_CONFIG" --pgxs)")/../test/regress/pg_regress"
+pg_isolation_regress="$(dirname "$("$PG_CONFIG" --pgxs)")/../test/isolation/pg_isolation_regress"
 if [ ! -x "$pg_regress" ]; then
     echo "regress.sh: pg_regress not found at $pg_regress (install the PostgreSQL server dev package)" >&2
     exit 1
@@ -36,7 +38,7 @@ unset RUST_BACKTRACE RUST_LIB_BACKTRACE
 # pg_regress reads and writes everything under one scratch directory, owned by whoever runs it.
 work=$(mktemp -d "${TMPDIR:-/tmp}/pg_multiregion-regress.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-cp -R "$root/regress/sql" "$root/regress/expected" "$root/regress/"*.conf "$root/regress/"*schedule "$work/"
+cp -R "$root/regress/sql" "$root/regress/expected" "$root/regress/specs" "$root/regress/"*.conf "$root/regress/"*schedule "$work/"
 as_runner=()
 if [ "$(id -u)" -eq 0 ]; then
     user=${REGRESS_USER:-postgres}
@@ -153,6 +155,24 @@ cluster_phase() {
         --dbname=regress_mr; then
         keep_failure cluster "$out"
         tail -n 30 "$out/demo.log"
+    fi
+    # Concurrent sessions, in a database of their own made multi-region first.
+    local psql_node1=("$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$pg_port" -U postgres)
+    if ! { "${psql_node1[@]}" -d postgres -c "CREATE DATABASE regress_iso" &&
+           "${psql_node1[@]}" -d regress_iso \
+               -c "SELECT multiregion.execute('ALTER DATABASE regress_iso PRIMARY REGION \"us-east1\"')" \
+               -c "SELECT multiregion.execute('ALTER DATABASE regress_iso ADD REGION \"us-west1\"')"; \
+         } >"$out/iso-setup.log" 2>&1; then
+        cat "$out/iso-setup.log"
+        failed+=(cluster-isolation)
+    elif ! run mkdir -p "$out/isolation" || ! run "$pg_isolation_regress" \
+        --bindir="$bindir" \
+        --inputdir="$work" \
+        --outputdir="$out/isolation" \
+        --use-existing --host=127.0.0.1 --port="$pg_port" --user=postgres \
+        --dbname=regress_iso \
+        global_unique; then
+        keep_failure cluster-isolation "$out/isolation"
     fi
     kill -TERM "$demo" 2>/dev/null || true
     wait "$demo" 2>/dev/null || true

@@ -150,3 +150,28 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
+
+-- A dropped table takes its locality, its global keys and their key tables with it (on every
+-- node: the DROP is replicated, and each node's trigger cleans up its own catalog). A key table
+-- still referenced by another table's foreign key makes the DROP fail, as the referenced
+-- table itself would.
+CREATE FUNCTION multiregion.forget_dropped() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_key_table regclass;
+BEGIN
+    FOR v_key_table IN
+        SELECT g.key_table FROM multiregion.global_key g
+          JOIN pg_catalog.pg_event_trigger_dropped_objects() d
+            ON d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = g.relid AND d.objsubid = 0
+    LOOP
+        EXECUTE format('DROP TABLE IF EXISTS %s', v_key_table);
+    END LOOP;
+    DELETE FROM multiregion.global_key g USING pg_catalog.pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = g.relid AND d.objsubid = 0;
+    DELETE FROM multiregion.table_locality l USING pg_catalog.pg_event_trigger_dropped_objects() d
+     WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = l.relid AND d.objsubid = 0;
+END
+$fn$;
+CREATE EVENT TRIGGER multiregion_forget_dropped ON sql_drop
+    EXECUTE FUNCTION multiregion.forget_dropped();

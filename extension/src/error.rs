@@ -100,6 +100,10 @@ pub enum MrError {
         "cannot use column \"{column}\" for REGIONAL BY ROW table as it may contain NULL values"
     )]
     RegionColumnNullable { table: String, column: String },
+    #[error("cannot write directly to computed column \"{column}\"")]
+    WriteComputedColumn { column: String },
+    #[error("{0} is not supported in a database replicated by pg_multiregion")]
+    NotReplicable(&'static str),
     #[error("schema change {got} cannot apply on top of version {have}")]
     SchemaGap { have: i64, got: i64 },
     #[error("malformed schema change: {0}")]
@@ -151,6 +155,8 @@ impl MrError {
             MrError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             MrError::RegionColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             MrError::RegionColumnNullable { .. } => ERRCODE_INVALID_TABLE_DEFINITION,
+            MrError::WriteComputedColumn { .. } => ERRCODE_GENERATED_ALWAYS,
+            MrError::NotReplicable(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::SchemaGap { .. } | MrError::BadChange(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -175,6 +181,13 @@ impl MrError {
             )),
             MrError::RegionInUse { table, region, .. } => Some(format!(
                 "move or delete the rows of {table} in region \"{region}\" first"
+            )),
+            MrError::NotReplicable(what) => Some(format!(
+                "every node runs the statement inside a transaction: use {} without CONCURRENTLY",
+                what.trim_end_matches(" CONCURRENTLY")
+            )),
+            MrError::WriteComputedColumn { column } => Some(format!(
+                "\"{column}\" is computed from other columns: leave it out, or set it to DEFAULT"
             )),
             _ => self.hint().map(str::to_string),
         }

@@ -19,6 +19,15 @@ static LOCALITY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::ne
 /// Path of the Unix socket pgmr serves the local channel on; empty means "not managed by pgmr".
 static SIDECAR_SOCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
+/// CockroachDB's `enable_auto_rehoming`: REGIONAL BY ROW tables given the system-provided region
+/// column while it is on move a row to the gateway's region whenever the row is updated.
+static ENABLE_AUTO_REHOMING: GucSetting<bool> = GucSetting::<bool>::new(false);
+
+/// Whether schema changes typed by clients are replicated to every node (see
+/// `regions::replicate_ddl`). Superuser-only: turning it off lets this node's schema diverge,
+/// which only repairs and tests of a node without its pgmr should do.
+static REPLICATE_DDL: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// Upper bound on one call to pgmr, so that a stuck pgmr cannot hang a backend.
 static SIDECAR_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
@@ -60,6 +69,23 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_bool_guc(
+        c"multiregion.enable_auto_rehoming",
+        c"REGIONAL BY ROW tables created while on rehome a row to the gateway region on UPDATE.",
+        c"Applies to tables given the hidden crdb_region column while the setting is on; an \
+          UPDATE that sets crdb_region itself keeps the value it sets.",
+        &ENABLE_AUTO_REHOMING,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"multiregion.replicate_ddl",
+        c"Replicate schema changes made on this node to every node of the cluster.",
+        c"Off lets this node's schema diverge from the cluster's; for repairs only.",
+        &REPLICATE_DDL,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
     reserve_prefix();
 }
 
@@ -84,6 +110,14 @@ pub fn sidecar_socket() -> Option<PathBuf> {
     let raw = SIDECAR_SOCKET.get().unwrap_or_default();
     let raw = raw.as_bytes();
     (!raw.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(raw)))
+}
+
+pub fn enable_auto_rehoming() -> bool {
+    ENABLE_AUTO_REHOMING.get()
+}
+
+pub fn replicate_ddl() -> bool {
+    REPLICATE_DDL.get()
 }
 
 pub fn sidecar_timeout() -> Duration {

@@ -7,7 +7,9 @@
 mod api;
 mod error;
 mod gucs;
+mod hooks;
 mod regions;
+mod rewrite;
 mod sidecar;
 
 use error::MrError;
@@ -21,6 +23,7 @@ pgrx::pg_module_magic!();
 pub extern "C-unwind" fn _PG_init() {
     require_shared_preload();
     gucs::init();
+    hooks::init();
 }
 
 /// The settings are postmaster-level and every backend must see the same ones, so loading the

@@ -15,9 +15,11 @@
 mod ast;
 mod lex;
 mod parse;
+mod star;
 
 pub use ast::*;
 pub use parse::parse;
+pub use star::is_star_reference;
 
 /// A syntax error at a character position (1-based, in characters as PostgreSQL counts them).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

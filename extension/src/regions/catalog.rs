@@ -2,7 +2,7 @@
 
 use super::spi::{self, one, rows, run_with};
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
-use pgrx::pg_sys::Oid;
+use pgrx::pg_sys::{self, Oid};
 
 pub fn database_name() -> String {
     one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default()
@@ -135,6 +135,7 @@ pub fn locality(relid: Oid) -> LocalityRow {
 }
 
 pub fn store_locality(relid: Oid, row: &LocalityRow, region_expr: Option<&str>) {
+    invalidate(relid);
     run_with(
         "DELETE FROM multiregion.table_locality WHERE relid = $1",
         vec![relid.into()],
@@ -212,4 +213,20 @@ pub fn partition_name(table: &str, region: &str) -> String {
 
 pub fn quoted_regions(config: &DatabaseConfig) -> String {
     spi::text_array(config.regions.iter())
+}
+
+/// Makes every backend forget what it cached about `relid` (the rewrite of statements on
+/// REGIONAL BY ROW tables reads the locality once per backend), once this transaction commits.
+#[allow(unsafe_code)]
+fn invalidate(relid: Oid) {
+    // A dropped relation (the old one, after a rebuild) was invalidated by its drop.
+    let exists = one(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = $1)::text",
+        vec![relid.into()],
+    );
+    if exists.as_deref() == Some("true") {
+        // SAFETY: queues a relcache invalidation for a relation that exists; PostgreSQL
+        // delivers it at command end and at commit, to every backend.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) }
+    }
 }

@@ -13,7 +13,7 @@ mod execute;
 mod rbr;
 mod replicate;
 mod show;
-mod spi;
+pub(crate) mod spi;
 
 use crate::error::{MrError, OrRaise};
 use crate::sidecar;
@@ -24,6 +24,8 @@ use pgrx::pg_sys::Oid;
 use pgrx::prelude::*;
 use spi::{ident, lit, run};
 use std::collections::BTreeSet;
+
+pub(crate) use replicate::{replicate_ddl, replicated_ddl};
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);
 
@@ -93,6 +95,9 @@ pub enum Origin {
     /// pgmr applying a change another node committed: neither propose nor wait.
     Replicated,
 }
+
+/// The rule that turns a database's current configuration into the change a statement makes.
+type Decide<'a> = Box<dyn Fn(Option<&DatabaseConfig>, &str) -> Result<Change, MrError> + 'a>;
 
 /// What the executor decided, for the command tag and for replication.
 #[derive(Debug, Default)]
@@ -196,10 +201,7 @@ fn apply_database_change(
 /// Runs one parsed multi-region statement against the current database.
 fn run_database_statement(stmt: &mr_sql::Statement, effect: &mut Effect) -> Result<(), MrError> {
     use mr_sql::Statement as S;
-    let (database, decide): (
-        &str,
-        Box<dyn Fn(Option<&DatabaseConfig>, &str) -> Result<Change, MrError>>,
-    ) = match stmt {
+    let (database, decide): (&str, Decide<'_>) = match stmt {
         S::AlterDatabasePrimaryRegion { database, region } => (
             database,
             Box::new(move |db, name| {

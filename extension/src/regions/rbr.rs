@@ -297,7 +297,8 @@ fn incoming_fks(target: Oid) -> Vec<IncomingFk> {
            (SELECT pg_catalog.string_agg(a.attname::text, chr(1) ORDER BY k.n) \
               FROM unnest(confkey) WITH ORDINALITY k(attnum, n) \
               JOIN pg_catalog.pg_attribute a ON a.attrelid = confrelid AND a.attnum = k.attnum) \
-         FROM pg_catalog.pg_constraint WHERE confrelid = $1 AND contype = 'f' AND conrelid <> $1",
+         FROM pg_catalog.pg_constraint WHERE confrelid = $1 AND contype = 'f' AND conrelid <> $1 \
+           AND conparentid = 0",
         vec![target.into()],
     )
     .into_iter()
@@ -319,6 +320,9 @@ fn retarget(def: &str, from: &str, to: &str) -> String {
     )
 }
 
+/// The new key columns of an index, or `None` to keep its definition as it is.
+type KeyFn<'a> = Box<dyn Fn(&Index) -> Option<Vec<String>> + 'a>;
+
 /// How the twin differs from the table.
 struct Layout<'a> {
     /// REGIONAL BY ROW: the region column and the database's regions.
@@ -326,7 +330,7 @@ struct Layout<'a> {
     /// The column to drop from the twin (the hidden column, leaving REGIONAL BY ROW).
     drop_column: Option<&'a str>,
     /// Unique keys as they must be on the twin, by constraint or index name.
-    keys: Box<dyn Fn(&Index) -> Option<Vec<String>> + 'a>,
+    keys: KeyFn<'a>,
 }
 
 /// Builds the twin, moves everything over, and gives it the table's name; returns its oid.
@@ -633,7 +637,7 @@ pub fn convert_to_rbr(relid: Oid, column: &str, config: &DatabaseConfig) -> Resu
         },
         hidden,
         region_expr_sql,
-        auto_rehoming: false,
+        auto_rehoming: hidden && crate::gucs::enable_auto_rehoming(),
     };
     catalog::store_locality(
         relid,
@@ -821,7 +825,15 @@ pub fn convert_from_rbr(relid: Oid, current: &LocalityRow) -> Result<Oid, MrErro
         ));
     }
     for (_, _, kt) in &global_keys {
-        run(&format!("DROP TABLE {kt}"));
+        // Usually gone already: the drop of the old table took it (multiregion.forget_dropped).
+        if one(
+            "SELECT pg_catalog.to_regclass($1)::text",
+            vec![kt.as_str().into()],
+        )
+        .is_some()
+        {
+            run(&format!("DROP TABLE {kt}"));
+        }
     }
     run_with(
         "DELETE FROM multiregion.global_key WHERE relid = $1",

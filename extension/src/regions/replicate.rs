@@ -7,6 +7,7 @@ use super::{catalog, execute, spi, Origin};
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, sidecar};
 use mr_meta::{DatabaseConfig, TableLocality, TableRef};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -19,6 +20,10 @@ struct ChangeRecord {
     sql: String,
     search_path: String,
     role: String,
+    /// `multiregion.enable_auto_rehoming` of the session, which decides how a new REGIONAL BY
+    /// ROW table behaves; absent in records written before it existed.
+    #[serde(default)]
+    auto_rehoming: bool,
 }
 
 /// Proposes `sql` as the change after `version`, then waits for every other live node.
@@ -38,6 +43,7 @@ pub(super) fn propose(
         search_path: spi::one("SELECT pg_catalog.current_setting('search_path')", vec![])
             .unwrap_or_default(),
         role: spi::one("SELECT current_user::text", vec![]).unwrap_or_default(),
+        auto_rehoming: gucs::enable_auto_rehoming(),
     };
     let change = serde_json::to_string(&record).expect("a change record serializes");
     let localities = localities
@@ -91,6 +97,10 @@ fn apply(version: i64, change: &str) -> Result<(), MrError> {
         "SELECT pg_catalog.set_config('search_path', $1, true)",
         vec![record.search_path.as_str().into()],
     );
+    spi::run_with(
+        "SELECT pg_catalog.set_config('multiregion.enable_auto_rehoming', $1, true)",
+        vec![record.auto_rehoming.to_string().as_str().into()],
+    );
     spi::run(&format!("SET LOCAL ROLE {}", spi::ident(&record.role)));
     execute::execute_one(&record.sql, Origin::Replicated)?;
     spi::run("RESET ROLE");
@@ -114,3 +124,104 @@ extension_sql!(
     name = "revoke_apply",
     requires = [apply_schema_change]
 );
+
+/// The text of a utility statement a client ran at top level, if it is a schema change that
+/// every node must also make. Statements run by functions (`multiregion.execute`, the applier,
+/// a DO block) are not top level, so they are never replicated twice.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run and `query_string` its source text.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn replicated_ddl(
+    pstmt: &pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+) -> Option<String> {
+    use pg_sys::NodeTag::*;
+    if gucs::sidecar_socket().is_none()
+        || !gucs::replicate_ddl()
+        || pstmt.utilityStmt.is_null()
+        || query_string.is_null()
+    {
+        return None;
+    }
+    // SAFETY: the caller's contract; each cast follows the node's own tag.
+    unsafe {
+        let node = pstmt.utilityStmt;
+        match (*node).type_ {
+            T_IndexStmt if (*(node as *mut pg_sys::IndexStmt)).concurrent => {
+                MrError::NotReplicable("CREATE INDEX CONCURRENTLY").raise()
+            }
+            T_DropStmt => {
+                let drop = &*(node as *mut pg_sys::DropStmt);
+                if drop.removeType == pg_sys::ObjectType::OBJECT_EXTENSION {
+                    return None;
+                }
+                if drop.concurrent {
+                    MrError::NotReplicable("DROP INDEX CONCURRENTLY").raise()
+                }
+            }
+            T_CreateStmt
+            | T_AlterTableStmt
+            | T_IndexStmt
+            | T_ViewStmt
+            | T_CreateSeqStmt
+            | T_AlterSeqStmt
+            | T_CommentStmt
+            | T_GrantStmt
+            | T_RenameStmt
+            | T_CreateSchemaStmt
+            | T_CreateDomainStmt
+            | T_AlterDomainStmt
+            | T_CreateEnumStmt
+            | T_AlterEnumStmt
+            | T_CompositeTypeStmt
+            | T_CreateRangeStmt
+            | T_DefineStmt
+            | T_CreateFunctionStmt
+            | T_AlterFunctionStmt
+            | T_CreateTrigStmt
+            | T_RuleStmt
+            | T_AlterOwnerStmt
+            | T_AlterObjectSchemaStmt
+            | T_CreatePolicyStmt
+            | T_AlterPolicyStmt
+            | T_AlterDefaultPrivilegesStmt
+            | T_CreateTableAsStmt => {}
+            _ => return None,
+        }
+        let text = std::ffi::CStr::from_ptr(query_string).to_bytes();
+        let start = usize::try_from(pstmt.stmt_location)
+            .unwrap_or(0)
+            .min(text.len());
+        let end = match usize::try_from(pstmt.stmt_len).unwrap_or(0) {
+            0 => text.len(),
+            n => (start + n).min(text.len()),
+        };
+        Some(
+            String::from_utf8_lossy(&text[start..end])
+                .trim()
+                .to_string(),
+        )
+    }
+}
+
+/// Replicates a schema change a client just made here, in a database of the cluster (one with
+/// the extension, not a template): the local change and the proposal commit or fail together
+/// as far as the client is concerned; a transaction rolled back after the proposal still sees
+/// the change arrive, through this node's own applier.
+pub(crate) fn replicate_ddl(sql: &str) {
+    let eligible = spi::one(
+        "SELECT (NOT d.datistemplate AND EXISTS \
+           (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_multiregion'))::text \
+         FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()",
+        vec![],
+    );
+    if eligible.as_deref() != Some("true") {
+        return;
+    }
+    let effect = super::Effect {
+        changed: true,
+        ..Default::default()
+    };
+    super::finish(effect, sql, Origin::User).or_raise();
+}

@@ -1,0 +1,107 @@
+//! PostgreSQL hooks: thin guarded shims. Each chains the hook that was installed before it, then
+//! hands the work to [`crate::rewrite`].
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::sync::OnceLock;
+
+/// The `post_parse_analyze_hook` found at load time (another extension's, or none).
+static PREV_POST_PARSE_ANALYZE: OnceLock<pg_sys::post_parse_analyze_hook_type> = OnceLock::new();
+
+/// The `ProcessUtility_hook` found at load time.
+static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
+
+/// Installs the hooks. Called once, from `_PG_init` in the postmaster; backends inherit them.
+#[allow(unsafe_code)]
+pub fn init() {
+    // SAFETY: `_PG_init` runs single-threaded in the postmaster while it loads
+    // shared_preload_libraries, before any backend exists; saving the previous hook and
+    // installing ours is the protocol PostgreSQL defines for chaining hooks. The callback
+    // registration copies a function pointer into a fixed array that forked backends inherit.
+    unsafe {
+        let _ = PREV_POST_PARSE_ANALYZE.set(pg_sys::post_parse_analyze_hook);
+        pg_sys::post_parse_analyze_hook = Some(post_parse_analyze);
+        let _ = PREV_PROCESS_UTILITY.set(pg_sys::ProcessUtility_hook);
+        pg_sys::ProcessUtility_hook = Some(process_utility);
+        pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0));
+    }
+}
+
+/// After PostgreSQL has analysed a statement, before the rewriter and planner see it.
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn post_parse_analyze(
+    pstate: *mut pg_sys::ParseState,
+    query: *mut pg_sys::Query,
+    jstate: *mut pg_sys::JumbleState,
+) {
+    if let Some(Some(prev)) = PREV_POST_PARSE_ANALYZE.get() {
+        // SAFETY: the previous hook has the same contract and gets our arguments untouched.
+        unsafe { prev(pstate, query, jstate) };
+    }
+    // SAFETY: PostgreSQL passes the ParseState and Query it has just built, both valid and
+    // exclusively ours for the duration of the call; null is checked rather than assumed away.
+    unsafe {
+        if let (Some(pstate), Some(query)) = (pstate.as_ref(), query.as_mut()) {
+            crate::rewrite::after_analysis(pstate, query);
+        }
+    }
+}
+
+/// Runs a utility statement; a schema change typed by a client is then replicated to every
+/// node (see [`crate::regions::replicated_ddl`]).
+#[pg_guard]
+#[allow(unsafe_code, clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: PostgreSQL passes a valid PlannedStmt and its NUL-terminated source text; the
+    // statement's text is copied out before it runs, since running may scribble on the tree.
+    let replicate = unsafe {
+        (context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL)
+            .then(|| crate::regions::replicated_ddl(&*pstmt, query_string))
+            .flatten()
+    };
+    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as given.
+    unsafe {
+        match PREV_PROCESS_UTILITY.get() {
+            Some(Some(prev)) => prev(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+            _ => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+    if let Some(sql) = replicate {
+        crate::regions::replicate_ddl(&sql);
+    }
+}
+
+/// A relation's cached definition changed (or, with an invalid OID, all of them may have).
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    crate::rewrite::forget(relid);
+}

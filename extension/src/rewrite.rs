@@ -1,0 +1,584 @@
+//! What the extension changes in a statement after PostgreSQL has analysed it, for REGIONAL BY
+//! ROW tables:
+//!
+//! * the system-provided `crdb_region` column leaves what a star expands to in the top-level
+//!   `SELECT` (also `TABLE t`) and in `RETURNING`, as CockroachDB's hidden columns do; naming it
+//!   still reads it;
+//! * a region column computed from other columns (`AS (expr) STORED`) is computed by `INSERT`,
+//!   `UPDATE` and `ON CONFLICT DO UPDATE`: PostgreSQL cannot partition by a generated column, so
+//!   the column is a plain one, and the expression moves into the statement here, where
+//!   partition routing will see its value;
+//! * a table created with `multiregion.enable_auto_rehoming` on gets
+//!   `crdb_region = rehome_row()` on every `UPDATE` that does not set the region itself
+//!   (CockroachDB's `ON UPDATE rehome_row()`). A trigger cannot do either of the last two: a
+//!   BEFORE ROW trigger runs after the row was routed to a partition, and may not move it.
+//!
+//! Known gaps: a star inside `INSERT … SELECT *`, `CREATE TABLE … AS`, set operations and
+//! whole-row references still include the hidden column; `COPY` and `MERGE` do not compute a
+//! region column.
+
+use crate::error::MrError;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::ffi::{c_void, CStr, CString};
+use std::rc::Rc;
+
+// rewriteManip.h, which pgrx does not bind. `ReplaceVarsNoMatchOption` is a C enum: these are
+// its values in PostgreSQL 15.
+const REPLACEVARS_CHANGE_VARNO: c_int = 1;
+const REPLACEVARS_SUBSTITUTE_NULL: c_int = 2;
+
+// Called only through `pg_sys::ffi::pg_guard_ffi_boundary`, so a PostgreSQL ERROR inside them
+// unwinds as Rust expects.
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" {
+    fn ReplaceVarsFromTargetList(
+        node: *mut pg_sys::Node,
+        target_varno: c_int,
+        sublevels_up: c_int,
+        target_rte: *mut pg_sys::RangeTblEntry,
+        targetlist: *mut pg_sys::List,
+        nomatch_option: c_int,
+        nomatch_varno: c_int,
+        outer_has_sublinks: *mut bool,
+    ) -> *mut pg_sys::Node;
+    fn ChangeVarNodes(
+        node: *mut pg_sys::Node,
+        old_varno: c_int,
+        new_varno: c_int,
+        sublevels_up: c_int,
+    );
+}
+
+/// What the rewrite needs to know about a REGIONAL BY ROW table.
+#[derive(Debug)]
+struct RbrTable {
+    region_attno: i16,
+    region_column: String,
+    hidden: bool,
+    /// The computed region column's expression, as SQL over the table's columns.
+    computed: Option<String>,
+    auto_rehoming: bool,
+}
+
+thread_local! {
+    /// Per backend; entries leave when PostgreSQL invalidates the relation's cache entry, which
+    /// every change to a table's locality causes (see `catalog::store_locality`).
+    static TABLES: RefCell<HashMap<pg_sys::Oid, Option<Rc<RbrTable>>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Forgets what is cached about `relid`, or about every table for the invalid OID.
+pub fn forget(relid: pg_sys::Oid) {
+    TABLES.with(|t| {
+        let mut t = t.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            t.clear();
+        } else {
+            t.remove(&relid);
+        }
+    });
+}
+
+/// The entry point, from the `post_parse_analyze_hook`.
+#[allow(unsafe_code)]
+pub fn after_analysis(pstate: &pg_sys::ParseState, query: &mut pg_sys::Query) {
+    if !query.utilityStmt.is_null() {
+        return;
+    }
+    // SAFETY: `p_sourcetext` is null or the NUL-terminated text the statement was parsed
+    // from, which outlives analysis.
+    let source = unsafe {
+        (!pstate.p_sourcetext.is_null()).then(|| {
+            CStr::from_ptr(pstate.p_sourcetext)
+                .to_string_lossy()
+                .into_owned()
+        })
+    };
+    modify(query, true, source.as_deref());
+}
+
+#[allow(unsafe_code)]
+fn modify(query: &mut pg_sys::Query, top_level: bool, source: Option<&str>) {
+    use pg_sys::CmdType::*;
+    // SAFETY: every pointer below comes from the Query PostgreSQL just analysed: lists of the
+    // node types its fields are documented to hold, valid in the current memory context.
+    unsafe {
+        for cte in ptrs::<pg_sys::CommonTableExpr>(query.cteList) {
+            let sub = (*cte).ctequery as *mut pg_sys::Query;
+            if is_a(sub.cast(), pg_sys::NodeTag::T_Query) && (*sub).commandType != CMD_SELECT {
+                // Its RETURNING feeds the outer statement, whose Vars count its columns.
+                modify(&mut *sub, false, None);
+            }
+        }
+        match query.commandType {
+            CMD_SELECT if top_level && query.setOperations.is_null() => {
+                query.targetList = hide_stars(query.targetList, source, Hidden::Junk);
+            }
+            CMD_INSERT | CMD_UPDATE | CMD_DELETE => {
+                let rte = rt_fetch(query, query.resultRelation);
+                let table = lookup((*rte).relid);
+                if let Some(table) = &table {
+                    write_region(query, rte, table);
+                }
+                if top_level {
+                    query.returningList = hide_stars(query.returningList, source, Hidden::Drop);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Hidden {
+    /// Keep the column as a junk column at the end: sort and group clauses may point at it.
+    Junk,
+    /// Drop it (RETURNING, where junk columns would still be returned).
+    Drop,
+}
+
+/// Takes the hidden region column out of what stars expanded to in `list`.
+#[allow(unsafe_code)]
+unsafe fn hide_stars(
+    list: *mut pg_sys::List,
+    source: Option<&str>,
+    how: Hidden,
+) -> *mut pg_sys::List {
+    let entries = unsafe { ptrs::<pg_sys::TargetEntry>(list) };
+    let hidden = |tle: *mut pg_sys::TargetEntry| -> bool {
+        // SAFETY: target list entries of an analysed query.
+        let tle = unsafe { &*tle };
+        if tle.resjunk || tle.resorigtbl == pg_sys::InvalidOid {
+            return false;
+        }
+        let expr = tle.expr as *mut pg_sys::Node;
+        // SAFETY: `expr` is a node; checked to be a Var before the cast.
+        if !unsafe { is_a(expr, pg_sys::NodeTag::T_Var) } {
+            return false;
+        }
+        let location = unsafe { (*(expr as *mut pg_sys::Var)).location };
+        let from_star = match (location, source) {
+            (-1, _) => true, // TABLE t: the grammar's own star, with no location
+            (l, Some(s)) if l >= 0 => mr_sql::is_star_reference(s, l as usize),
+            _ => false,
+        };
+        from_star
+            && lookup(tle.resorigtbl).is_some_and(|t| t.hidden && t.region_attno == tle.resorigcol)
+    };
+    let (hide, keep): (Vec<_>, Vec<_>) = entries.iter().partition(|&&e| hidden(e));
+    if hide.is_empty() {
+        return list;
+    }
+    let mut out: Vec<*mut pg_sys::TargetEntry> = keep;
+    if how == Hidden::Junk {
+        for &tle in &hide {
+            // SAFETY: as above; the entry is ours to modify until the query is rewritten.
+            unsafe { (*tle).resjunk = true };
+        }
+        out.extend(hide);
+    }
+    for (i, &tle) in out.iter().enumerate() {
+        // SAFETY: as above; resno counts from 1 and target lists are far below i16::MAX.
+        unsafe { (*tle).resno = (i + 1) as pg_sys::AttrNumber };
+    }
+    unsafe { list_of(&out) }
+}
+
+/// Computes the region column into INSERT, UPDATE and ON CONFLICT DO UPDATE, and rehomes on
+/// UPDATE where the table asks for it.
+#[allow(unsafe_code)]
+unsafe fn write_region(
+    query: &mut pg_sys::Query,
+    rte: *mut pg_sys::RangeTblEntry,
+    table: &RbrTable,
+) {
+    use pg_sys::CmdType::*;
+    let (computed, rehome) = (table.computed.as_deref(), table.auto_rehoming);
+    if computed.is_none() && !rehome {
+        return;
+    }
+    // SAFETY: the relation is the statement's target, locked by the analysis that named it;
+    // the relcache entry is held only while expressions are built from it.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation((*rte).relid);
+        if rel.is_null() {
+            return;
+        }
+        let varno = query.resultRelation;
+        let has_sublinks: *mut bool = &mut query.hasSubLinks;
+        match query.commandType {
+            CMD_INSERT => {
+                if let Some(sql) = computed {
+                    query.targetList = compute_on_insert(
+                        rel,
+                        rte,
+                        varno,
+                        query.targetList,
+                        table,
+                        sql,
+                        has_sublinks,
+                    );
+                }
+                let oc = query.onConflict;
+                if !oc.is_null() && (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE {
+                    (*oc).onConflictSet =
+                        on_update(rel, rte, varno, (*oc).onConflictSet, table, has_sublinks);
+                }
+            }
+            CMD_UPDATE => {
+                query.targetList =
+                    on_update(rel, rte, varno, query.targetList, table, has_sublinks);
+            }
+            _ => {}
+        }
+        pg_sys::RelationClose(rel);
+    }
+}
+
+/// INSERT: the region column becomes the expression over the values being inserted.
+#[allow(unsafe_code)]
+unsafe fn compute_on_insert(
+    rel: pg_sys::Relation,
+    rte: *mut pg_sys::RangeTblEntry,
+    varno: i32,
+    list: *mut pg_sys::List,
+    table: &RbrTable,
+    sql: &str,
+    has_sublinks: *mut bool,
+) -> *mut pg_sys::List {
+    // SAFETY: the caller's contract: an analysed INSERT's target list and its open target.
+    unsafe {
+        let (expr, deps) = cook(rel, sql, table.region_attno, varno);
+        let mut kept = vec![];
+        let mut values = vec![];
+        for tle in ptrs::<pg_sys::TargetEntry>(list) {
+            if (*tle).resno == table.region_attno {
+                if !is_a((*tle).expr.cast(), pg_sys::NodeTag::T_SetToDefault) {
+                    MrError::WriteComputedColumn {
+                        column: table.region_column.clone(),
+                    }
+                    .raise();
+                }
+                continue;
+            }
+            kept.push(tle);
+            values.push(with_defaults(rel, tle));
+        }
+        let given: Vec<i16> = kept.iter().map(|&t| (*t).resno).collect();
+        for attno in deps.into_iter().filter(|a| !given.contains(a)) {
+            let default = pg_sys::build_column_default(rel, attno.into());
+            if !default.is_null() {
+                values.push(pg_sys::makeTargetEntry(
+                    default.cast(),
+                    attno,
+                    std::ptr::null_mut(),
+                    false,
+                ));
+            }
+        }
+        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            ReplaceVarsFromTargetList(
+                expr,
+                varno,
+                0,
+                rte,
+                list_of(&values),
+                REPLACEVARS_SUBSTITUTE_NULL,
+                0,
+                has_sublinks,
+            )
+        });
+        kept.push(new_entry(value, table));
+        list_of(&kept)
+    }
+}
+
+/// UPDATE (or ON CONFLICT DO UPDATE): recompute a computed region column when a column it is
+/// computed from is assigned; otherwise rehome if the table asks for it.
+#[allow(unsafe_code)]
+unsafe fn on_update(
+    rel: pg_sys::Relation,
+    rte: *mut pg_sys::RangeTblEntry,
+    varno: i32,
+    list: *mut pg_sys::List,
+    table: &RbrTable,
+    has_sublinks: *mut bool,
+) -> *mut pg_sys::List {
+    // SAFETY: the caller's contract: an analysed UPDATE target list and its open target.
+    unsafe {
+        let entries = ptrs::<pg_sys::TargetEntry>(list);
+        let own = entries
+            .iter()
+            .copied()
+            .find(|&t| (*t).resno == table.region_attno);
+        let Some(sql) = table.computed.as_deref() else {
+            // Auto-rehoming: an explicit region wins.
+            if own.is_some() {
+                return list;
+            }
+            let (expr, _) = cook(rel, "multiregion.rehome_row()", table.region_attno, varno);
+            let mut out = entries;
+            out.push(new_entry(expr, table));
+            return list_of(&out);
+        };
+        let reset = match own {
+            Some(t) if is_a((*t).expr.cast(), pg_sys::NodeTag::T_SetToDefault) => true,
+            Some(_) => MrError::WriteComputedColumn {
+                column: table.region_column.clone(),
+            }
+            .raise(),
+            None => false,
+        };
+        let (expr, deps) = cook(rel, sql, table.region_attno, varno);
+        let others: Vec<_> = entries.into_iter().filter(|&t| Some(t) != own).collect();
+        if !reset && !others.iter().any(|&t| deps.contains(&(*t).resno)) {
+            return list;
+        }
+        let values: Vec<_> = others.iter().map(|&t| with_defaults(rel, t)).collect();
+        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            ReplaceVarsFromTargetList(
+                expr,
+                varno,
+                0,
+                rte,
+                list_of(&values),
+                REPLACEVARS_CHANGE_VARNO,
+                varno,
+                has_sublinks,
+            )
+        });
+        let mut out = others;
+        out.push(new_entry(value, table));
+        list_of(&out)
+    }
+}
+
+/// `tle` with a `DEFAULT` value replaced by the column's default expression (or NULL), so it
+/// can be substituted into another expression, where the rewriter would not look for it.
+#[allow(unsafe_code)]
+unsafe fn with_defaults(
+    rel: pg_sys::Relation,
+    tle: *mut pg_sys::TargetEntry,
+) -> *mut pg_sys::TargetEntry {
+    // SAFETY: a target entry of the statement and its open target relation.
+    unsafe {
+        if !is_a((*tle).expr.cast(), pg_sys::NodeTag::T_SetToDefault) {
+            return tle;
+        }
+        let attno = (*tle).resno;
+        let mut expr = pg_sys::build_column_default(rel, attno.into());
+        if expr.is_null() {
+            let att = attribute(rel, attno);
+            expr = pg_sys::makeNullConst(att.atttypid, att.atttypmod, att.attcollation).cast();
+        }
+        pg_sys::makeTargetEntry(expr.cast(), attno, std::ptr::null_mut(), false)
+    }
+}
+
+#[allow(unsafe_code)]
+unsafe fn new_entry(expr: *mut pg_sys::Node, table: &RbrTable) -> *mut pg_sys::TargetEntry {
+    let name = CString::new(table.region_column.as_str()).unwrap_or_default();
+    // SAFETY: makeTargetEntry keeps the pointers; pstrdup copies the name into the current
+    // memory context, which lives as long as the query.
+    unsafe {
+        pg_sys::makeTargetEntry(
+            expr.cast(),
+            table.region_attno,
+            pg_sys::pstrdup(name.as_ptr()),
+            false,
+        )
+    }
+}
+
+/// Parses and analyses `sql`, an expression over `rel`'s columns, coerced to the type of
+/// column `attno`, as PostgreSQL does for a generated column; returns it with its Vars
+/// numbered `varno`, and the attribute numbers it reads.
+#[allow(unsafe_code)]
+unsafe fn cook(
+    rel: pg_sys::Relation,
+    sql: &str,
+    attno: i16,
+    varno: i32,
+) -> (*mut pg_sys::Node, Vec<i16>) {
+    let text = CString::new(format!("SELECT ({sql})")).unwrap_or_default();
+    // SAFETY: PostgreSQL's own parse-analysis entry points, used as cookDefault() uses them;
+    // the raw parse of `SELECT (expr)` is one RawStmt holding a SelectStmt with one ResTarget.
+    unsafe {
+        let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
+        (*pstate).p_sourcetext = pg_sys::pstrdup(text.as_ptr());
+        let nsitem = pg_sys::addRangeTableEntryForRelation(
+            pstate,
+            rel,
+            pg_sys::AccessShareLock as i32,
+            std::ptr::null_mut(),
+            false,
+            true,
+        );
+        pg_sys::addNSItemToQuery(pstate, nsitem, true, true, true);
+        let raw = pg_sys::raw_parser(
+            (*pstate).p_sourcetext,
+            pg_sys::RawParseMode::RAW_PARSE_DEFAULT,
+        );
+        let stmt = ptrs::<pg_sys::RawStmt>(raw)[0];
+        let select = (*stmt).stmt as *mut pg_sys::SelectStmt;
+        let target = ptrs::<pg_sys::ResTarget>((*select).targetList)[0];
+        let expr = pg_sys::transformExpr(
+            pstate,
+            (*target).val,
+            pg_sys::ParseExprKind::EXPR_KIND_GENERATED_COLUMN,
+        );
+        let att = attribute(rel, attno);
+        let expr = pg_sys::coerce_to_target_type(
+            pstate,
+            expr,
+            pg_sys::exprType(expr),
+            att.atttypid,
+            att.atttypmod,
+            pg_sys::CoercionContext::COERCION_ASSIGNMENT,
+            pg_sys::CoercionForm::COERCE_IMPLICIT_CAST,
+            -1,
+        );
+        if expr.is_null() {
+            MrError::BadArgument {
+                what: "region expression",
+                value: sql.to_string(),
+                expected: "an expression castable to crdb_internal_region",
+            }
+            .raise();
+        }
+        pg_sys::assign_expr_collations(pstate, expr);
+        let mut attrs: *mut pg_sys::Bitmapset = std::ptr::null_mut();
+        pg_sys::pull_varattnos(expr, 1, &mut attrs);
+        let mut deps = vec![];
+        let mut m = -1;
+        loop {
+            m = pg_sys::bms_next_member(attrs, m);
+            if m < 0 {
+                break;
+            }
+            deps.push((m + pg_sys::FirstLowInvalidHeapAttributeNumber) as i16);
+        }
+        pg_sys::ffi::pg_guard_ffi_boundary(|| ChangeVarNodes(expr, 1, varno, 0));
+        pg_sys::free_parsestate(pstate);
+        (expr, deps)
+    }
+}
+
+/// Column `attno` (1-based) of an open relation.
+#[allow(unsafe_code)]
+unsafe fn attribute(rel: pg_sys::Relation, attno: i16) -> pg_sys::FormData_pg_attribute {
+    // SAFETY: `rel` is open, and `attno` is a column of it (the caller got it from its catalog).
+    unsafe {
+        let desc = (*rel).rd_att;
+        *(*desc).attrs.as_ptr().add((attno - 1) as usize)
+    }
+}
+
+/// What is known about `relid` as a REGIONAL BY ROW table, from the cache or the catalog.
+fn lookup(relid: pg_sys::Oid) -> Option<Rc<RbrTable>> {
+    if let Some(hit) = TABLES.with(|t| t.borrow().get(&relid).cloned()) {
+        return hit;
+    }
+    let found = if has_region_column(relid) {
+        read_catalog(relid)
+    } else {
+        None
+    };
+    let found = found.map(Rc::new);
+    TABLES.with(|t| t.borrow_mut().insert(relid, found.clone()));
+    found
+}
+
+/// A cheap test, from caches only, that spares tables without a region-typed column (and
+/// databases without the extension) the catalog query.
+#[allow(unsafe_code)]
+fn has_region_column(relid: pg_sys::Oid) -> bool {
+    // SAFETY: syscache and relcache lookups; the relcache reference is released before return.
+    unsafe {
+        let region_type = pg_sys::GetSysCacheOid(
+            pg_sys::SysCacheIdentifier::TYPENAMENSP as c_int,
+            pg_sys::Anum_pg_type_oid as pg_sys::AttrNumber,
+            pg_sys::Datum::from(c"crdb_internal_region".as_ptr()),
+            pg_sys::Datum::from(pg_sys::PG_PUBLIC_NAMESPACE),
+            pg_sys::Datum::from(0),
+            pg_sys::Datum::from(0),
+        );
+        if region_type == pg_sys::InvalidOid {
+            return false;
+        }
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return false;
+        }
+        let desc = (*rel).rd_att;
+        let attrs = (*desc).attrs.as_slice((*desc).natts as usize);
+        let found = attrs
+            .iter()
+            .any(|a| !a.attisdropped && a.atttypid == region_type);
+        pg_sys::RelationClose(rel);
+        found
+    }
+}
+
+fn read_catalog(relid: pg_sys::Oid) -> Option<RbrTable> {
+    let row = crate::regions::spi::rows(
+        "SELECT a.attnum::text, l.region_column::text, l.hidden::text, l.region_expr_sql, \
+                l.auto_rehoming::text \
+         FROM multiregion.table_locality l JOIN pg_catalog.pg_attribute a \
+           ON a.attrelid = l.relid AND a.attname = l.region_column AND NOT a.attisdropped \
+         WHERE l.relid = $1 AND l.locality = 'regional_by_row'",
+        vec![relid.into()],
+    )
+    .into_iter()
+    .next()?;
+    let get = |i: usize| row.get(i).cloned().flatten();
+    Some(RbrTable {
+        region_attno: get(0)?.parse().ok()?,
+        region_column: get(1)?,
+        hidden: get(2).as_deref() == Some("true"),
+        computed: get(3),
+        auto_rehoming: get(4).as_deref() == Some("true"),
+    })
+}
+
+/// The elements of a pointer list, copied out.
+#[allow(unsafe_code)]
+unsafe fn ptrs<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
+    if list.is_null() {
+        return vec![];
+    }
+    // SAFETY: a valid List of pointers holds `length` initialised cells at `elements`.
+    unsafe {
+        let l = &*list;
+        (0..l.length as usize)
+            .map(|i| (*l.elements.add(i)).ptr_value as *mut T)
+            .collect()
+    }
+}
+
+/// A new pointer list (NIL when empty) in the current memory context.
+#[allow(unsafe_code)]
+unsafe fn list_of<T>(items: &[*mut T]) -> *mut pg_sys::List {
+    let mut list = std::ptr::null_mut();
+    for &item in items {
+        // SAFETY: lappend allocates in the current memory context; NIL starts a new list.
+        list = unsafe { pg_sys::lappend(list, item as *mut c_void) };
+    }
+    list
+}
+
+#[allow(unsafe_code)]
+unsafe fn is_a(node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+    // SAFETY: every node starts with its tag.
+    !node.is_null() && unsafe { (*node).type_ } == tag
+}
+
+/// Range table entry `index` (1-based) of `query`.
+#[allow(unsafe_code)]
+unsafe fn rt_fetch(query: &pg_sys::Query, index: i32) -> *mut pg_sys::RangeTblEntry {
+    // SAFETY: `index` is the query's result relation, always within its range table.
+    unsafe { ptrs::<pg_sys::RangeTblEntry>(query.rtable)[(index - 1) as usize] }
+}

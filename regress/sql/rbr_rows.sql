@@ -1,0 +1,87 @@
+-- Rows of REGIONAL BY ROW tables: the hidden crdb_region column, computed region columns,
+-- auto-rehoming, and plain DDL replicated to every node. Its own database, on the cluster
+-- the regions test uses (node 1: us-east1; node 2: us-west1 on port 17533).
+\set VERBOSITY default
+CREATE DATABASE regress_rbr;
+\c regress_rbr
+SELECT multiregion.execute('ALTER DATABASE regress_rbr PRIMARY REGION "us-east1"');
+SELECT multiregion.execute('ALTER DATABASE regress_rbr ADD REGION "us-west1"');
+
+-- The hidden column: not in a star, readable, writable and filterable by name.
+CREATE TABLE accounts (id int PRIMARY KEY, owner text);
+SELECT multiregion.set_locality('accounts', 'REGIONAL BY ROW');
+INSERT INTO accounts VALUES (1, 'ann');
+INSERT INTO accounts VALUES (2, 'bob') RETURNING *;
+INSERT INTO accounts (id, owner, crdb_region) VALUES (3, 'cy', 'us-west1') RETURNING *, crdb_region;
+SELECT * FROM accounts ORDER BY id;
+TABLE accounts ORDER BY id;
+SELECT a.* FROM accounts a ORDER BY id;
+SELECT * FROM (SELECT * FROM accounts) s ORDER BY id;
+WITH w AS (SELECT * FROM accounts) SELECT * FROM w ORDER BY id;
+SELECT *, crdb_region FROM accounts ORDER BY id;
+SELECT id, crdb_region FROM accounts WHERE crdb_region = 'us-west1';
+SELECT DISTINCT * FROM accounts ORDER BY 1;
+SELECT count(*) FROM accounts a JOIN accounts b USING (id);
+-- A rehome by UPDATE moves the row to the other partition and keeps its key.
+UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 2 RETURNING *;
+SELECT tableoid::regclass AS partition, id, crdb_region FROM accounts ORDER BY id;
+DELETE FROM accounts WHERE id = 3 RETURNING *;
+INSERT INTO accounts VALUES (1, 'dup');
+-- In another region too: the key is unique across partitions.
+INSERT INTO accounts VALUES (1, 'dup', 'us-west1');
+-- A view over the star does not see it either.
+CREATE VIEW account_names AS SELECT * FROM accounts;
+SELECT * FROM account_names ORDER BY id;
+\d account_names
+
+-- A computed region column (CockroachDB's AS (expr) STORED) is computed on every write.
+CREATE TABLE users (id int PRIMARY KEY, city text NOT NULL, name text);
+INSERT INTO users VALUES (1, 'boston', 'ann'), (2, 'seattle', 'bob');
+SELECT multiregion.execute($$ALTER TABLE users ADD COLUMN region crdb_internal_region AS (
+  CASE WHEN city = 'boston' THEN 'us-east1' WHEN city = 'seattle' THEN 'us-west1' END) STORED$$);
+SELECT multiregion.execute('ALTER TABLE users ALTER COLUMN region SET NOT NULL');
+SELECT multiregion.execute('ALTER TABLE users SET LOCALITY REGIONAL BY ROW AS "region"');
+INSERT INTO users VALUES (3, 'seattle', 'cy');
+INSERT INTO users (id, city) VALUES (4, 'boston'), (5, 'seattle') RETURNING *;
+INSERT INTO users (id, city, name) SELECT 6, 'seattle', 'dee';
+INSERT INTO users VALUES (7, 'boston', 'eve', DEFAULT) RETURNING *;
+PREPARE ins(int, text) AS INSERT INTO users (id, city) VALUES ($1, $2) RETURNING region;
+EXECUTE ins(8, 'seattle');
+SELECT tableoid::regclass AS partition, * FROM users ORDER BY id;
+-- Moving a user to another city moves the row to that city's region.
+UPDATE users SET city = 'seattle' WHERE id = 7 RETURNING *;
+UPDATE users SET name = 'EVE' WHERE id = 7 RETURNING *;
+INSERT INTO users VALUES (8, 'seattle', 'fay') ON CONFLICT (region, id) DO UPDATE SET name = excluded.name RETURNING *;
+-- The column itself cannot be written, as in CockroachDB.
+INSERT INTO users VALUES (9, 'boston', 'gus', 'us-west1');
+\echo :SQLSTATE
+UPDATE users SET region = 'us-west1' WHERE id = 1;
+\echo :SQLSTATE
+-- A city without a region has none: the row is refused.
+INSERT INTO users VALUES (9, 'paris', 'gus');
+\echo :SQLSTATE
+SELECT count(*) FROM users;
+
+-- Auto-rehoming: tables created while multiregion.enable_auto_rehoming is on move a row to
+-- the gateway's region whenever it is updated, unless the UPDATE sets the region itself.
+SET multiregion.enable_auto_rehoming = on;
+SELECT multiregion.execute('CREATE TABLE sessions (id int PRIMARY KEY, hits int) LOCALITY REGIONAL BY ROW');
+RESET multiregion.enable_auto_rehoming;
+INSERT INTO sessions VALUES (1, 0, 'us-west1'), (2, 0, 'us-west1');
+UPDATE sessions SET hits = hits + 1 WHERE id = 1;
+UPDATE sessions SET hits = hits + 1, crdb_region = 'us-west1' WHERE id = 2;
+SELECT id, hits, crdb_region FROM sessions ORDER BY id;
+-- accounts was created with the setting off: it stays put.
+UPDATE accounts SET owner = 'BOB' WHERE id = 2;
+SELECT id, crdb_region FROM accounts WHERE id = 2;
+
+-- Plain DDL typed here reached every node; the other node sees the same tables and regions.
+CREATE INDEX users_name ON users (name);
+CREATE INDEX CONCURRENTLY users_city ON users (city);
+\echo :SQLSTATE
+\c regress_rbr - - 17533
+SELECT pg_catalog.current_setting('multiregion.locality');
+SELECT schema_name, table_name, locality FROM multiregion.tables;
+SELECT schemaname, indexname FROM pg_indexes WHERE tablename = 'users' ORDER BY 1, 2;
+SELECT * FROM multiregion.regions;
+SELECT count(*) FROM pg_views WHERE viewname = 'account_names';
