@@ -515,6 +515,12 @@ impl Node {
             LocalRequest::SetClusterSetting { name, value } => {
                 self.write(Command::SetClusterSetting { name, value }).await
             }
+            LocalRequest::DatabaseConfigs => {
+                self.read(|s, _| LocalResponse::DatabaseConfigs {
+                    databases: s.databases().cloned().collect(),
+                })
+                .await
+            }
             LocalRequest::ClusterSettings => {
                 self.read(|s, _| LocalResponse::ClusterSettings {
                     settings: s

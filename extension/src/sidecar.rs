@@ -66,6 +66,13 @@ pub fn cluster_settings() -> Result<Vec<(String, String)>, MrError> {
     }
 }
 
+pub fn database_configs() -> Result<Vec<mr_meta::DatabaseConfig>, MrError> {
+    match call_meta(LocalRequest::DatabaseConfigs)? {
+        LocalResponse::DatabaseConfigs { databases } => Ok(databases),
+        other => Err(unexpected("database_configs", &other)),
+    }
+}
+
 pub fn eventlog() -> Result<Vec<EventRow>, MrError> {
     match call_meta(LocalRequest::EventLog)? {
         LocalResponse::EventLog { events } => Ok(events),
@@ -186,6 +193,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Error { .. } => "error",
         LocalResponse::SchemaVersion { .. } => "schema_version",
         LocalResponse::SchemaLog { .. } => "schema_log",
+        LocalResponse::DatabaseConfigs { .. } => "database_configs",
     };
     MrError::UnexpectedResponse { request, response }
 }

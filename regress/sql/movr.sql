@@ -187,3 +187,6 @@ SELECT count(*) FROM vehicles v JOIN users u ON u.id = v.owner_id
 \c movr - - 17534
 SELECT table_name, locality FROM multiregion.tables;
 SELECT region, "primary" FROM multiregion.regions;
+-- Every node lists every database's regions (from the meta group).
+SELECT * FROM multiregion.execute('SHOW REGIONS FROM ALL DATABASES');
+SELECT * FROM multiregion.execute('SHOW REGIONS');

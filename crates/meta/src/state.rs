@@ -286,6 +286,10 @@ impl MetaState {
     pub fn database(&self, name: &str) -> Option<&DatabaseConfig> {
         self.databases.get(name)
     }
+    /// Every multi-region database's configuration, by name.
+    pub fn databases(&self) -> impl Iterator<Item = &DatabaseConfig> {
+        self.databases.values()
+    }
     pub fn table_locality(&self, t: &TableRef) -> Option<&TableLocality> {
         self.tables.get(t)
     }

@@ -71,6 +71,9 @@ pub enum LocalRequest {
     SchemaLog {
         database: String,
     },
+    /// Every multi-region database's configuration, read linearizably
+    /// (`SHOW REGIONS FROM ALL DATABASES`).
+    DatabaseConfigs,
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -146,6 +149,10 @@ pub enum LocalResponse {
         version: u64,
         changes: Vec<(u64, String)>,
         applied: Vec<(u64, u64)>,
+    },
+    /// Every multi-region database's configuration, by database name.
+    DatabaseConfigs {
+        databases: Vec<DatabaseConfig>,
     },
     /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
     /// and the same request may simply be sent again. `ambiguous`: a write may or may not

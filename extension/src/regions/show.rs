@@ -109,6 +109,34 @@ fn zone_error(e: mr_zoneconfig::ZoneConfigError) -> MrError {
 }
 
 /// Rows of `query` as JSON objects with the columns in order.
+/// Every multi-region database of the cluster and its regions: from the meta group when pgmr
+/// manages this node (so every node answers the same), else this database alone.
+#[pg_extern(schema = "multiregion", stable)]
+#[allow(clippy::type_complexity)]
+fn database_regions() -> TableIterator<
+    'static,
+    (
+        name!(database_name, String),
+        name!(regions, Vec<String>),
+        name!(primary_region, String),
+        name!(secondary_region, Option<String>),
+    ),
+> {
+    let configs = if crate::gucs::sidecar_socket().is_some() {
+        crate::sidecar::database_configs().or_raise()
+    } else {
+        catalog::load(false).0.into_iter().collect()
+    };
+    TableIterator::new(configs.into_iter().map(|c| {
+        (
+            c.database,
+            c.regions.into_iter().collect(),
+            c.primary_region,
+            c.secondary_region,
+        )
+    }))
+}
+
 fn json_rows(query: &str, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<serde_json::Value> {
     rows(
         &format!("SELECT pg_catalog.row_to_json(q)::text FROM ({query}) q"),
@@ -129,26 +157,31 @@ fn current_only(database: Option<&String>) -> Result<(), MrError> {
 
 pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
     Ok(match stmt {
-        Statement::ShowRegions(ShowRegions::Cluster) => {
-            json_rows("SELECT region, zones FROM multiregion.cluster_regions()", vec![])
-        }
+        Statement::ShowRegions(ShowRegions::Cluster) => json_rows(
+            "SELECT region, zones FROM multiregion.cluster_regions()",
+            vec![],
+        ),
         Statement::ShowRegions(ShowRegions::Database(db)) => {
             current_only(db.as_ref())?;
             json_rows("SELECT * FROM multiregion.regions", vec![])
         }
         Statement::ShowRegions(ShowRegions::All) => json_rows(
             "SELECT c.region, c.zones, \
-               CASE WHEN r.region IS NULL THEN '{}'::text[] ELSE ARRAY[r.database] END AS database_names, \
-               CASE WHEN r.primary THEN ARRAY[r.database] ELSE '{}'::text[] END AS primary_region_of, \
-               CASE WHEN r.secondary THEN ARRAY[r.database] ELSE '{}'::text[] END AS secondary_region_of \
-             FROM multiregion.cluster_regions() c LEFT JOIN multiregion.regions r ON r.region = c.region \
-             ORDER BY c.region",
+               ARRAY(SELECT d.database_name FROM multiregion.database_regions() d \
+                      WHERE c.region = ANY (d.regions) ORDER BY 1) AS database_names, \
+               ARRAY(SELECT d.database_name FROM multiregion.database_regions() d \
+                      WHERE d.primary_region = c.region ORDER BY 1) AS primary_region_of, \
+               ARRAY(SELECT d.database_name FROM multiregion.database_regions() d \
+                      WHERE d.secondary_region = c.region ORDER BY 1) AS secondary_region_of \
+             FROM multiregion.cluster_regions() c ORDER BY c.region",
             vec![],
         ),
         Statement::ShowRegions(ShowRegions::AllDatabases) => json_rows(
-            "SELECT pg_catalog.current_database()::text AS database_name, \
-               ARRAY(SELECT unnest(regions) ORDER BY 1) AS regions, primary_region, secondary_region \
-             FROM multiregion.database_config",
+            "SELECT d.datname::text AS database_name, COALESCE(r.regions, '{}') AS regions, \
+               r.primary_region, r.secondary_region \
+             FROM pg_catalog.pg_database d \
+             LEFT JOIN multiregion.database_regions() r ON r.database_name = d.datname \
+             WHERE NOT d.datistemplate ORDER BY 1",
             vec![],
         ),
         Statement::ShowSurvivalGoal { database } => {
