@@ -482,7 +482,7 @@ fn lookup(relid: pg_sys::Oid) -> Option<Rc<RbrTable>> {
     if let Some(hit) = TABLES.with(|t| t.borrow().get(&relid).cloned()) {
         return hit;
     }
-    let found = if has_region_column(relid) {
+    let found = if has_region_column(relid) && extension_installed() {
         read_catalog(relid)
     } else {
         None
@@ -521,6 +521,13 @@ fn has_region_column(relid: pg_sys::Oid) -> bool {
         pg_sys::RelationClose(rel);
         found
     }
+}
+
+/// Whether this database has the extension (a type of the same name alone proves nothing).
+#[allow(unsafe_code)]
+fn extension_installed() -> bool {
+    // SAFETY: a catalog lookup by name; `missing_ok` makes it return InvalidOid, not raise.
+    unsafe { pg_sys::get_extension_oid(c"pg_multiregion".as_ptr(), true) != pg_sys::InvalidOid }
 }
 
 fn read_catalog(relid: pg_sys::Oid) -> Option<RbrTable> {
