@@ -279,18 +279,15 @@ unsafe fn compute_on_insert(
                 ));
             }
         }
-        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| {
-            ReplaceVarsFromTargetList(
-                expr,
-                varno,
-                0,
-                rte,
-                list_of(&values),
-                REPLACEVARS_SUBSTITUTE_NULL,
-                0,
-                has_sublinks,
-            )
-        });
+        let value = substitute(
+            expr,
+            varno,
+            rte,
+            &values,
+            REPLACEVARS_SUBSTITUTE_NULL,
+            0,
+            has_sublinks,
+        );
         kept.push(new_entry(value, table));
         list_of(&kept)
     }
@@ -338,21 +335,49 @@ unsafe fn on_update(
             return list;
         }
         let values: Vec<_> = others.iter().map(|&t| with_defaults(rel, t)).collect();
-        let value = pg_sys::ffi::pg_guard_ffi_boundary(|| {
+        let value = substitute(
+            expr,
+            varno,
+            rte,
+            &values,
+            REPLACEVARS_CHANGE_VARNO,
+            varno,
+            has_sublinks,
+        );
+        let mut out = others;
+        out.push(new_entry(value, table));
+        list_of(&out)
+    }
+}
+
+/// `expr` with the Vars of `varno` replaced by the matching entries of `values` (by column
+/// number); unmatched ones become NULL or stay, as `nomatch` says.
+#[allow(unsafe_code)]
+unsafe fn substitute(
+    expr: *mut pg_sys::Node,
+    varno: i32,
+    rte: *mut pg_sys::RangeTblEntry,
+    values: &[*mut pg_sys::TargetEntry],
+    nomatch: c_int,
+    nomatch_varno: c_int,
+    has_sublinks: *mut bool,
+) -> *mut pg_sys::Node {
+    // SAFETY: the caller's nodes, all of the statement being rewritten; the guard turns a
+    // PostgreSQL ERROR inside into a Rust unwind.
+    unsafe {
+        let values = list_of(values);
+        pg_sys::ffi::pg_guard_ffi_boundary(|| {
             ReplaceVarsFromTargetList(
                 expr,
                 varno,
                 0,
                 rte,
-                list_of(&values),
-                REPLACEVARS_CHANGE_VARNO,
-                varno,
+                values,
+                nomatch,
+                nomatch_varno,
                 has_sublinks,
             )
-        });
-        let mut out = others;
-        out.push(new_entry(value, table));
-        list_of(&out)
+        })
     }
 }
 
