@@ -445,6 +445,25 @@ async fn randomized_faults_never_lose_duplicate_or_reorder_committed_metadata() 
                     let i = down.take().unwrap();
                     eprintln!("step {step}: restart node {}", i + 1);
                     nodes[i].restart();
+                    // Later faults are injected through its local socket: wait for it.
+                    let dir = nodes[i].data_dir.clone();
+                    eventually(
+                        "the restarted node's local socket",
+                        Duration::from_secs(60),
+                        || {
+                            let dir = dir.clone();
+                            async move {
+                                std::process::Command::new(PGMR)
+                                    .args(["status", "--data-dir", dir.to_str().unwrap()])
+                                    .stdin(std::process::Stdio::null())
+                                    .output()
+                                    .ok()
+                                    .filter(|o| o.status.success())
+                                    .map(drop)
+                            }
+                        },
+                    )
+                    .await;
                 }
                 2 if cut.is_none() => {
                     let i = rng.below(nodes.len());
