@@ -124,6 +124,17 @@ pub struct StartArgs {
     /// Simulated WAN: `global` (the MovR tutorial's regions) or a matrix file; none by default.
     #[arg(long, value_parser = parse_latency)]
     pub latency: Option<LatencySpec>,
+    /// Address of the SQL gateway, CockroachDB's door (HOST:PORT; defaults to the host of
+    /// --listen, port 26257).
+    #[arg(long, value_parser = parse_host_port)]
+    pub sql_listen: Option<String>,
+    /// PEM certificate chain the SQL gateway offers over TLS (with --sql-tls-key); without
+    /// it, a self-signed certificate kept in DATA_DIR/sql-tls.
+    #[arg(long, requires = "sql_tls_key")]
+    pub sql_tls_cert: Option<PathBuf>,
+    /// PEM private key of --sql-tls-cert.
+    #[arg(long, requires = "sql_tls_cert")]
+    pub sql_tls_key: Option<PathBuf>,
     /// Stop when the parent process exits (used by `pgmr demo` for its children).
     #[arg(long, hide = true)]
     pub die_with_parent: bool,
@@ -152,6 +163,9 @@ pub struct DemoArgs {
     /// First PostgreSQL port; node N uses this + N - 1.
     #[arg(long, default_value_t = 15432)]
     pub pg_port_base: u16,
+    /// First SQL gateway port; node N uses this + N - 1.
+    #[arg(long, default_value_t = 26257)]
+    pub sql_port_base: u16,
     /// First RPC port; node N uses this + N - 1. Below the ephemeral port range, clear of the
     /// SQL gateway's 26257 and up.
     #[arg(long, default_value_t = 26357)]

@@ -26,6 +26,7 @@ struct DemoNode {
     locality: mr_topology::Locality,
     data_dir: PathBuf,
     pg_port: u16,
+    sql_port: u16,
     rpc_addr: String,
     child: Child,
 }
@@ -33,6 +34,13 @@ struct DemoNode {
 impl DemoNode {
     fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.pg_port)
+    }
+    /// The SQL gateway, as CockroachDB's tools write it (user root, sslmode=disable).
+    fn gateway_url(&self) -> String {
+        format!(
+            "postgresql://root@127.0.0.1:{}/defaultdb?sslmode=disable",
+            self.sql_port
+        )
     }
 }
 
@@ -48,10 +56,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         for port in [
             args.pg_port_base as usize + i,
             args.rpc_port_base as usize + i,
+            args.sql_port_base as usize + i,
         ] {
             let port = u16::try_from(port).context("port out of range")?;
             std::net::TcpListener::bind(("127.0.0.1", port)).with_context(|| {
-                format!("port {port} is in use (choose others with --pg-port-base/--rpc-port-base)")
+                format!("port {port} is in use (choose others with --pg-port-base/--rpc-port-base/--sql-port-base)")
             })?;
         }
     }
@@ -78,6 +87,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             fs::create_dir_all(&data_dir)?;
             let rpc_addr = format!("127.0.0.1:{}", args.rpc_port_base as usize + i);
             let pg_port = args.pg_port_base + i as u16;
+            let sql_port = args.sql_port_base + i as u16;
             let log = fs::File::create(data_dir.join("pgmr.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("start")
@@ -91,6 +101,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 .arg(&secret)
                 .arg("--pg-port")
                 .arg(pg_port.to_string())
+                .arg("--sql-listen")
+                .arg(format!("127.0.0.1:{sql_port}"))
                 .arg("--pg-user")
                 .arg(&args.pg_user)
                 .args(["--die-with-parent", "--ephemeral"]);
@@ -114,6 +126,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 locality: d.locality.clone(),
                 data_dir,
                 pg_port,
+                sql_port,
                 rpc_addr,
                 child,
             });
@@ -266,15 +279,21 @@ fn print_banner(nodes: &[DemoNode], latency: Option<&str>) {
     println!("# Measured round-trip times: SELECT * FROM multiregion.network_latency();");
     println!("# Regions: SELECT * FROM multiregion.cluster_regions();");
     println!("#");
-    println!("{:>6} | {:<13} | {:<15} | sql", "node", "region", "zone");
-    println!("{:-<7}+{:-<15}+{:-<17}+{:-<48}", "", "", "", "");
+    println!("# PostgreSQL's own SQL (sql) and CockroachDB's through the SQL gateway (gateway).");
+    println!("#");
+    println!(
+        "{:>6} | {:<13} | {:<15} | {:<43} | gateway",
+        "node", "region", "zone", "sql"
+    );
+    println!("{:-<7}+{:-<15}+{:-<17}+{:-<45}+{:-<56}", "", "", "", "", "");
     for n in nodes {
         println!(
-            "{:>6} | {:<13} | {:<15} | {}",
+            "{:>6} | {:<13} | {:<15} | {:<43} | {}",
             n.index,
             n.locality.region(),
             n.locality.zone().unwrap_or(""),
-            n.url()
+            n.url(),
+            n.gateway_url()
         );
     }
     println!();

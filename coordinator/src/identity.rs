@@ -134,7 +134,7 @@ fn read_secret(path: &Path) -> Result<Vec<u8>> {
     Ok(s)
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = fs::OpenOptions::new()
         .create(true)
         .write(true)

@@ -7,6 +7,7 @@
 
 mod cli;
 mod demo;
+mod gateway;
 mod identity;
 mod local;
 mod membership;

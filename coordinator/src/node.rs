@@ -71,6 +71,16 @@ pub async fn run(args: StartArgs) -> Result<()> {
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let gateway_cfg = crate::gateway::GatewayConfig {
+        listen: args
+            .sql_listen
+            .clone()
+            .unwrap_or_else(|| crate::gateway::default_listen(&args.listen)),
+        tls_cert: args.sql_tls_cert.clone(),
+        tls_key: args.sql_tls_key.clone(),
+    };
+    let sql_listener = crate::gateway::bind(&gateway_cfg).await?;
+    let gateway = crate::gateway::Gateway::new(pg_cfg.clone(), &gateway_cfg)?;
     pg_cfg.stop_orphan().await?;
     pg_cfg.check_port()?;
     let secret = data.secret(args.secret_file.as_deref(), bootstrapping)?;
@@ -188,10 +198,12 @@ pub async fn run(args: StartArgs) -> Result<()> {
     tokio::spawn(applier.run(stop.clone()));
 
     let supervisor = postgres::start(pg_cfg, node.pg.clone(), stop.clone()).await?;
+    tokio::spawn(gateway.serve(sql_listener, stop.clone()));
     tracing::info!(
         node_id = node.id(),
         rpc = %advertise,
         socket = %data.socket().display(),
+        sql_gateway = %gateway_cfg.listen,
         "node is up"
     );
 

@@ -8,6 +8,7 @@
 
 use crate::identity::DataDir;
 use anyhow::{anyhow, bail, Context, Result};
+use futures::FutureExt;
 use mr_topology::Locality;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{Gid, Pid, Uid, User};
@@ -271,8 +272,27 @@ impl PgConfig {
         }
     }
 
-    /// The extension in `postgres` and in `template1`, so every new database has it.
+    /// The extension in `postgres` and in `template1`, so every new database has it; and what
+    /// CockroachDB's clients expect to find: the admin user `root` (a superuser, which pg_hba.conf
+    /// authenticates like any other) and the database `defaultdb`.
     async fn ensure_extension(&self) -> Result<()> {
+        let mut admin = self.connect_options("postgres").connect().await?;
+        crate::schema::simple(
+            &mut admin,
+            "DO $$ BEGIN \
+               IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'root') THEN \
+                 CREATE ROLE root SUPERUSER LOGIN; \
+               END IF; END $$",
+        )
+        .await
+        .context("cannot create the role root")?;
+        let has_defaultdb: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_database WHERE datname = 'defaultdb')",
+        )
+        .fetch_one(&mut admin)
+        .boxed()
+        .await?;
+        admin.close().await?;
         for db in ["template1", "postgres"] {
             let mut conn = self.connect_options(db).connect().await?;
             sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_multiregion")
@@ -280,6 +300,14 @@ impl PgConfig {
                 .await
                 .with_context(|| format!("cannot create extension pg_multiregion in {db}"))?;
             conn.close().await?;
+        }
+        if !has_defaultdb {
+            // After template1 has the extension, so defaultdb has it too.
+            let mut admin = self.connect_options("postgres").connect().await?;
+            crate::schema::simple(&mut admin, "CREATE DATABASE defaultdb")
+                .await
+                .context("cannot create the database defaultdb")?;
+            admin.close().await?;
         }
         Ok(())
     }

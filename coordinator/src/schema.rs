@@ -302,7 +302,10 @@ fn apply<'a>(
 
 /// Runs one statement with the simple query protocol (which `CREATE DATABASE` needs). Boxed
 /// as [`apply`] is.
-fn simple<'a>(conn: &'a mut PgConnection, sql: &'a str) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+pub(crate) fn simple<'a>(
+    conn: &'a mut PgConnection,
+    sql: &'a str,
+) -> BoxFuture<'a, Result<(), sqlx::Error>> {
     sqlx::Executor::execute(conn, sqlx::raw_sql(sql))
         .map_ok(drop)
         .boxed()

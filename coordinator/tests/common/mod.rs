@@ -145,6 +145,8 @@ pub fn start_node(
         data_dir.display().to_string(),
         "--pg-port".into(),
         pg_port.to_string(),
+        "--sql-listen".into(),
+        format!("127.0.0.1:{}", sql_port(pg_port)),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
     if let Some(j) = join {
@@ -238,6 +240,11 @@ pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&
         nodes.push(node);
     }
     nodes
+}
+
+/// The SQL gateway port of the node whose PostgreSQL port is `pg_port`.
+pub fn sql_port(pg_port: u16) -> u16 {
+    pg_port + 1000
 }
 
 /// Each test uses its own port block so tests can run in parallel. All test ports are below

@@ -115,3 +115,32 @@ pub enum Statement {
         from: Option<ObjectName>,
     },
 }
+
+impl Statement {
+    /// CockroachDB's command tag for the statement.
+    pub fn tag(&self) -> &'static str {
+        match self {
+            Statement::CreateDatabase { .. } => "CREATE DATABASE",
+            Statement::AlterDatabasePrimaryRegion { .. } => "ALTER DATABASE PRIMARY REGION",
+            Statement::AlterDatabaseAddRegion { .. } => "ALTER DATABASE ADD REGION",
+            Statement::AlterDatabaseDropRegion { .. } => "ALTER DATABASE DROP REGION",
+            Statement::AlterDatabaseSurvival { .. } => "ALTER DATABASE SURVIVE",
+            Statement::AlterDatabasePlacement { .. } => "ALTER DATABASE PLACEMENT",
+            Statement::AlterDatabaseSecondaryRegion {
+                region: Some(_), ..
+            } => "ALTER DATABASE SET SECONDARY REGION",
+            Statement::AlterDatabaseSecondaryRegion { region: None, .. } => {
+                "ALTER DATABASE DROP SECONDARY REGION"
+            }
+            Statement::CreateTable { .. } => "CREATE TABLE",
+            Statement::AlterTableSetLocality { .. } => "ALTER TABLE SET LOCALITY",
+            Statement::Rewritten { .. } => "ALTER TABLE",
+            Statement::ShowRegions(_) => "SHOW REGIONS",
+            Statement::ShowSurvivalGoal { .. } => "SHOW SURVIVAL GOAL",
+            Statement::ShowZoneConfiguration(_) => "SHOW ZONE CONFIGURATION",
+            Statement::ShowZoneConfigurations => "SHOW ZONE CONFIGURATIONS",
+            Statement::ShowLocality => "SHOW LOCALITY",
+            Statement::ShowTables { .. } => "SHOW TABLES",
+        }
+    }
+}

@@ -16,10 +16,15 @@ mod ast;
 mod lex;
 mod parse;
 mod star;
+mod translate;
 
 pub use ast::*;
 pub use parse::parse;
 pub use star::is_star_reference;
+pub use translate::{
+    ident, literal, show_columns, translate, translate_one, Column, Outcome, Present, Translation,
+    Upsert,
+};
 
 /// A syntax error at a character position (1-based, in characters as PostgreSQL counts them).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -3,6 +3,7 @@
 //! This is the SQL edge: functions here return plain values to PostgreSQL and raise every
 //! [`crate::error::MrError`] as a PostgreSQL error with its SQLSTATE and hint.
 
+mod crdb;
 mod meta;
 mod node;
 
