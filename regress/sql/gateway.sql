@@ -1,0 +1,106 @@
+-- CockroachDB's multi-region statements, verbatim, through pgmr's SQL gateway: psql on node 1's
+-- gateway port (region us-east1). psql prints each statement's command tag, which is
+-- CockroachDB's; errors keep CockroachDB's texts and SQLSTATEs.
+\set VERBOSITY default
+\set QUIET off
+SELECT gateway_region();
+SHOW LOCALITY;
+SHOW REGIONS FROM CLUSTER;
+SELECT region FROM [SHOW REGIONS FROM CLUSTER] WHERE region LIKE 'us-%' ORDER BY 1;
+
+-- A database with regions, in one statement, and its SHOW forms.
+CREATE DATABASE gw PRIMARY REGION "us-east1" REGIONS "us-west1", "europe-west1";
+CREATE DATABASE gw_bad PRIMARY REGION "mars";
+SELECT count(*) AS leftovers FROM pg_database WHERE datname = 'gw_bad';
+\c gw
+SHOW REGIONS FROM DATABASE;
+SHOW REGIONS FROM DATABASE gw;
+SHOW REGIONS FROM DATABASE defaultdb;
+SHOW SURVIVAL GOAL FROM DATABASE;
+SELECT region, "primary" FROM [SHOW REGIONS FROM DATABASE] WHERE NOT "primary" ORDER BY region;
+SELECT r.region FROM [SHOW REGIONS FROM DATABASE gw] r JOIN [SHOW REGIONS FROM CLUSTER] c
+    ON c.region = r.region ORDER BY 1;
+SELECT database_name, primary_region FROM [SHOW REGIONS FROM ALL DATABASES]
+ WHERE database_name = 'gw';
+SELECT count(*) > 0 AS has_regions FROM [SHOW REGIONS];
+
+-- Region and survival DDL: CockroachDB's command tags.
+ALTER DATABASE gw DROP REGION "europe-west1";
+ALTER DATABASE gw ADD REGION "europe-west1";
+ALTER DATABASE gw ADD REGION IF NOT EXISTS "europe-west1";
+ALTER DATABASE gw SURVIVE REGION FAILURE;
+ALTER DATABASE gw SURVIVE ZONE FAILURE;
+ALTER DATABASE gw SET PRIMARY REGION "us-east1";
+ALTER DATABASE gw PRIMARY REGION "mars";
+ALTER DATABASE gw ADD REGION;
+
+-- Tables created with their locality, atomically; CockroachDB's computed columns.
+CREATE TABLE accounts (id INT PRIMARY KEY, owner TEXT) LOCALITY REGIONAL BY ROW;
+CREATE TABLE settings (k TEXT PRIMARY KEY, v TEXT) LOCALITY GLOBAL;
+CREATE TABLE stores (id INT PRIMARY KEY, city TEXT NOT NULL,
+    region crdb_internal_region NOT NULL AS (
+        CASE WHEN city = 'paris' THEN 'europe-west1' ELSE 'us-east1' END) STORED
+) LOCALITY REGIONAL BY ROW AS region;
+CREATE TABLE bad (id INT PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "mars";
+SELECT to_regclass('bad') AS bad_exists;
+CREATE TABLE plain (id INT PRIMARY KEY, twice INT AS (id * 2) STORED);
+ALTER TABLE plain ADD COLUMN thrice INT AS (id * 3) STORED;
+INSERT INTO plain (id) VALUES (7) RETURNING *;
+ALTER TABLE plain SET LOCALITY REGIONAL BY TABLE IN "us-west1";
+SHOW TABLES;
+INSERT INTO accounts VALUES (1, 'ada');
+SELECT crdb_region, * FROM accounts;
+INSERT INTO stores (id, city) VALUES (1, 'paris'), (2, 'boston') RETURNING region;
+
+-- UPSERT: insert, or overwrite on a primary-key conflict.
+UPSERT INTO settings VALUES ('a', '1'), ('b', '2');
+UPSERT INTO settings (k, v) VALUES ('a', '3') RETURNING *;
+UPSERT INTO settings (k) VALUES ('b');
+SELECT * FROM settings ORDER BY k;
+-- REGIONAL BY ROW: a conflict is found in the row's own region (its key leads with the region);
+-- a row of the same key in another region is a duplicate, not overwritten.
+UPSERT INTO stores (id, city) VALUES (1, 'paris'), (3, 'paris');
+UPSERT INTO stores (id, city) VALUES (1, 'rome');
+SELECT id, city, region FROM stores ORDER BY id;
+UPSERT INTO nosuch VALUES (1);
+UPSERT INTO settings VALUES ('a', '1') ON CONFLICT DO NOTHING;
+
+-- AS OF SYSTEM TIME is refused until historical reads exist, never ignored.
+SELECT * FROM settings AS OF SYSTEM TIME '-10s';
+BEGIN AS OF SYSTEM TIME '-10s';
+BEGIN;
+SET TRANSACTION AS OF SYSTEM TIME follower_read_timestamp();
+SELECT 1;
+ROLLBACK;
+
+-- Several statements in one query string, ours and PostgreSQL's mixed.
+SELECT 1 AS one \; SHOW SURVIVAL GOAL FROM DATABASE \; SELECT 2 AS two;
+SELECT 1 AS one \; ALTER DATABASE gw PRIMARY REGION "mars" \; SELECT 2 AS never;
+-- As sqlalchemy-cockroachdb sends them: inside BEGIN and SAVEPOINT cockroach_restart.
+BEGIN;
+SAVEPOINT cockroach_restart;
+SELECT region FROM [SHOW REGIONS FROM DATABASE] ORDER BY 1;
+ALTER TABLE settings SET LOCALITY REGIONAL BY TABLE IN PRIMARY REGION;
+RELEASE SAVEPOINT cockroach_restart;
+COMMIT;
+SELECT table_name, locality FROM [SHOW TABLES] WHERE table_name = 'settings';
+
+-- USE switches the session's database.
+USE defaultdb;
+SELECT current_database();
+USE nosuch;
+SET database = gw;
+SELECT current_database();
+BEGIN;
+USE defaultdb;
+ROLLBACK;
+
+-- The builtins drivers call.
+SELECT crdb_internal.increment_feature_counter('sqlalchemy-cockroachdb 1.4.6');
+SELECT crdb_internal.is_admin(), crdb_internal.locality_value('region'),
+       crdb_internal.locality_value('zone'), crdb_internal.node_id() > 0 AS has_node_id;
+
+-- psql's own meta-commands run PostgreSQL's catalog queries, untouched.
+\dt
+\d settings
+\l gw
