@@ -293,9 +293,13 @@ impl Session {
             tokio::select! {
                 r = cr.read_buf(&mut cbuf), if read_client => {
                     if r? == 0 {
-                        // The client left: PostgreSQL ends the backend (and with it any
-                        // query still running) when its socket closes.
+                        // The client left. PostgreSQL notices a closed socket only when it
+                        // next writes, which a long query may not do for a while: cancel
+                        // whatever is still running so the backend ends now.
                         client_open = false;
+                        if !self.pending.is_empty() {
+                            self.gw.cancel(self.cancel_key.0, self.cancel_key.1).await;
+                        }
                         if self.to_server.is_empty() {
                             return Ok(());
                         }
