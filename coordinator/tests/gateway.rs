@@ -46,7 +46,11 @@ fn gateway() -> u16 {
     sql_port(node().pg_port)
 }
 
-async fn client_as(user: &str, password: Option<&str>, db: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+async fn client_as(
+    user: &str,
+    password: Option<&str>,
+    db: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host("127.0.0.1").port(gateway()).user(user).dbname(db);
     if let Some(p) = password {
@@ -58,7 +62,9 @@ async fn client_as(user: &str, password: Option<&str>, db: &str) -> Result<tokio
 }
 
 async fn client() -> tokio_postgres::Client {
-    client_as("root", None, "defaultdb").await.expect("connect through the gateway")
+    client_as("root", None, "defaultdb")
+        .await
+        .expect("connect through the gateway")
 }
 
 /// A client speaking the protocol by hand.
@@ -85,7 +91,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Raw<S> {
         let mut m = Vec::new();
         proto::startup_message(
             &mut m,
-            &[("user".into(), "root".into()), ("database".into(), db.into())],
+            &[
+                ("user".into(), "root".into()),
+                ("database".into(), db.into()),
+            ],
         );
         self.send(&m).await;
         self.until_ready().await;
@@ -155,11 +164,9 @@ fn rows(messages: Vec<SimpleQueryMessage>) -> Vec<Vec<Option<String>>> {
     messages
         .into_iter()
         .filter_map(|m| match m {
-            SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).map(str::to_string))
-                    .collect(),
-            ),
+            SimpleQueryMessage::Row(r) => {
+                Some((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
             _ => None,
         })
         .collect()
@@ -191,16 +198,25 @@ async fn simple_and_extended_protocols_see_the_same_results() {
         .await
         .unwrap();
     let n = c
-        .execute("UPSERT INTO proto_t (id, v) VALUES ($1, $2)", &[&1i32, &"uno"])
+        .execute(
+            "UPSERT INTO proto_t (id, v) VALUES ($1, $2)",
+            &[&1i32, &"uno"],
+        )
         .await
         .unwrap();
     assert_eq!(n, 1);
-    let row = c.query_one("SELECT v FROM proto_t WHERE id = $1", &[&1i32]).await.unwrap();
+    let row = c
+        .query_one("SELECT v FROM proto_t WHERE id = $1", &[&1i32])
+        .await
+        .unwrap();
     assert_eq!(row.get::<_, String>(0), "uno");
     let regions = c.query("SHOW REGIONS FROM CLUSTER", &[]).await.unwrap();
     assert_eq!(regions.len(), 1);
     assert_eq!(regions[0].get::<_, String>("region"), "us-east1");
-    assert_eq!(regions[0].get::<_, Vec<String>>("zones"), vec!["us-east1-b"]);
+    assert_eq!(
+        regions[0].get::<_, Vec<String>>("zones"),
+        vec!["us-east1-b"]
+    );
     let one = c
         .query_one(
             "SELECT region FROM [SHOW REGIONS FROM CLUSTER] WHERE region = $1",
@@ -209,7 +225,11 @@ async fn simple_and_extended_protocols_see_the_same_results() {
         .await
         .unwrap();
     assert_eq!(one.get::<_, String>(0), "us-east1");
-    let gw: String = c.query_one("SELECT gateway_region()", &[]).await.unwrap().get(0);
+    let gw: String = c
+        .query_one("SELECT gateway_region()", &[])
+        .await
+        .unwrap()
+        .get(0);
     assert_eq!(gw, "us-east1");
     // Simple: the same answers as text.
     let simple = rows(
@@ -221,7 +241,10 @@ async fn simple_and_extended_protocols_see_the_same_results() {
         simple,
         vec![
             vec![Some("uno".to_string())],
-            vec![Some("us-east1".to_string()), Some("{us-east1-b}".to_string())]
+            vec![
+                Some("us-east1".to_string()),
+                Some("{us-east1-b}".to_string())
+            ]
         ]
     );
     // An error in a prepared CockroachDB statement is PostgreSQL's ordinary error.
@@ -230,7 +253,10 @@ async fn simple_and_extended_protocols_see_the_same_results() {
         .await
         .unwrap_err();
     assert_eq!(e.code().unwrap().code(), "0A000");
-    assert_eq!(c.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0), 1);
+    assert_eq!(
+        c.query_one("SELECT 1", &[]).await.unwrap().get::<_, i32>(0),
+        1
+    );
 }
 
 #[tokio::test]
@@ -238,16 +264,19 @@ async fn command_tags_are_cockroachdbs_over_both_protocols() {
     let mut r = Raw::connect().await;
     r.startup("defaultdb").await;
     assert_eq!(
-        r.query(r#"CREATE DATABASE gw_tags PRIMARY REGION "us-east1""#).await,
+        r.query(r#"CREATE DATABASE gw_tags PRIMARY REGION "us-east1""#)
+            .await,
         vec!["CREATE DATABASE"]
     );
     assert_eq!(r.query("USE gw_tags").await, vec!["SET"]);
     assert_eq!(
-        r.query(r#"ALTER DATABASE gw_tags SURVIVE ZONE FAILURE"#).await,
+        r.query(r#"ALTER DATABASE gw_tags SURVIVE ZONE FAILURE"#)
+            .await,
         vec!["ALTER DATABASE SURVIVE"]
     );
     assert_eq!(
-        r.query("CREATE TABLE tags_t (k TEXT PRIMARY KEY, v TEXT) LOCALITY GLOBAL").await,
+        r.query("CREATE TABLE tags_t (k TEXT PRIMARY KEY, v TEXT) LOCALITY GLOBAL")
+            .await,
         vec!["CREATE TABLE"]
     );
     assert_eq!(
@@ -267,14 +296,20 @@ async fn command_tags_are_cockroachdbs_over_both_protocols() {
     );
     // An error stops the string where it happens, as in PostgreSQL.
     assert_eq!(
-        r.query("SELECT 1; SELECT * FROM tags_t AS OF SYSTEM TIME '-1s'; SELECT 2").await,
+        r.query("SELECT 1; SELECT * FROM tags_t AS OF SYSTEM TIME '-1s'; SELECT 2")
+            .await,
         vec!["SELECT 1", "error 0A000"]
     );
     // Extended: Parse/Bind/Describe/Execute/Sync, twice in one pipeline.
     let mut m = Vec::new();
-    for sql in ["SHOW REGIONS FROM CLUSTER", "ALTER TABLE tags_t SET LOCALITY GLOBAL"] {
+    for sql in [
+        "SHOW REGIONS FROM CLUSTER",
+        "ALTER TABLE tags_t SET LOCALITY GLOBAL",
+    ] {
         proto::parse(&mut m, "", sql, &[0, 0]);
-        proto::message(&mut m, b'B', |b| b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]));
+        proto::message(&mut m, b'B', |b| {
+            b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0])
+        });
         proto::message(&mut m, b'D', |b| b.extend_from_slice(b"P\0"));
         proto::message(&mut m, b'E', |b| b.extend_from_slice(&[0, 0, 0, 0, 0]));
         proto::message(&mut m, b'S', |_| {});
@@ -288,7 +323,9 @@ async fn command_tags_are_cockroachdbs_over_both_protocols() {
 async fn copy_in_and_out_pass_through() {
     use futures::{SinkExt, StreamExt};
     let c = client().await;
-    c.batch_execute("CREATE TABLE copy_t (id INT, v TEXT)").await.unwrap();
+    c.batch_execute("CREATE TABLE copy_t (id INT, v TEXT)")
+        .await
+        .unwrap();
     let sink = c.copy_in("COPY copy_t FROM STDIN").await.unwrap();
     futures::pin_mut!(sink);
     let mut data = String::new();
@@ -320,7 +357,10 @@ async fn a_cancel_request_stops_the_running_query() {
     assert!(started.elapsed() < Duration::from_secs(20));
     canceller.await.unwrap().unwrap();
     // The session goes on.
-    assert_eq!(rows(c.simple_query("SELECT 7").await.unwrap()), vec![vec![Some("7".into())]]);
+    assert_eq!(
+        rows(c.simple_query("SELECT 7").await.unwrap()),
+        vec![vec![Some("7".into())]]
+    );
 }
 
 #[tokio::test]
@@ -348,7 +388,10 @@ async fn an_error_in_the_middle_of_a_result_keeps_the_rows_before_it_and_the_ses
     }
     assert_eq!(error.unwrap().code().unwrap().code(), "22012");
     assert!(ok < 5000, "{ok} rows before the error");
-    assert_eq!(rows(c.simple_query("SELECT 8").await.unwrap()), vec![vec![Some("8".into())]]);
+    assert_eq!(
+        rows(c.simple_query("SELECT 8").await.unwrap()),
+        vec![vec![Some("8".into())]]
+    );
 }
 
 #[tokio::test]
@@ -427,7 +470,10 @@ async fn passwords_are_checked_by_postgres_with_md5_and_scram() {
         )
         .await
         .unwrap();
-    admin.batch_execute("CREATE DATABASE gw_auth_other").await.unwrap();
+    admin
+        .batch_execute("CREATE DATABASE gw_auth_other")
+        .await
+        .unwrap();
     let hba: String = admin.query_one("SHOW hba_file", &[]).await.unwrap().get(0);
     let old = std::fs::read_to_string(&hba).unwrap();
     std::fs::write(
@@ -435,7 +481,10 @@ async fn passwords_are_checked_by_postgres_with_md5_and_scram() {
         format!("local all gw_md5 md5\nlocal all gw_scram scram-sha-256\n{old}"),
     )
     .unwrap();
-    admin.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     for (user, password) in [("gw_md5", "md5-secret"), ("gw_scram", "scram-secret")] {
@@ -444,15 +493,25 @@ async fn passwords_are_checked_by_postgres_with_md5_and_scram() {
             .unwrap_or_else(|e| panic!("{user}: {e}"));
         let who = rows(c.simple_query("SELECT current_user").await.unwrap());
         assert_eq!(who, vec![vec![Some(user.to_string())]]);
-        let e = client_as(user, Some("wrong"), "postgres").await.err().unwrap();
+        let e = client_as(user, Some("wrong"), "postgres")
+            .await
+            .err()
+            .unwrap();
         assert_eq!(e.code().unwrap().code(), "28P01", "{user}");
-        assert!(client_as(user, None, "postgres").await.is_err(), "{user} without a password");
+        assert!(
+            client_as(user, None, "postgres").await.is_err(),
+            "{user} without a password"
+        );
         // USE: md5 from the stored verifier; SCRAM cannot be replayed and says so.
         let used = c.simple_query("USE gw_auth_other").await;
         match user {
             "gw_md5" => {
                 used.unwrap();
-                let db = rows(c.simple_query("SELECT current_database(), current_user").await.unwrap());
+                let db = rows(
+                    c.simple_query("SELECT current_database(), current_user")
+                        .await
+                        .unwrap(),
+                );
                 assert_eq!(
                     db,
                     vec![vec![Some("gw_auth_other".into()), Some("gw_md5".into())]]
@@ -469,7 +528,9 @@ async fn passwords_are_checked_by_postgres_with_md5_and_scram() {
 async fn tls_is_offered_and_a_session_runs_over_it() {
     use rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
     let mut tcp = TcpStream::connect(("127.0.0.1", gateway())).await.unwrap();
-    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).await.unwrap();
+    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await
+        .unwrap();
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await.unwrap();
     assert_eq!(&answer, b"S");
@@ -516,7 +577,10 @@ async fn large_results_stream_without_being_buffered_whole() {
     let before = rss();
     let mut m = Vec::new();
     // 400 MB of rows.
-    proto::query(&mut m, "SELECT repeat('x', 8000) FROM generate_series(1, 50000)");
+    proto::query(
+        &mut m,
+        "SELECT repeat('x', 8000) FROM generate_series(1, 50000)",
+    );
     r.send(&m).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let during = rss();

@@ -1,0 +1,338 @@
+//! The gateway's translator: what each CockroachDB form becomes, that PostgreSQL's own
+//! statements pass byte for byte, and (property tests) that no input makes it panic.
+
+use mr_sql::*;
+use proptest::prelude::*;
+
+fn rewritten(sql: &str) -> Translation {
+    match translate(sql) {
+        Outcome::Rewritten(t) => t,
+        other => panic!("{sql}: {other:?}"),
+    }
+}
+
+fn text(sql: &str) -> String {
+    rewritten(sql).assemble(|_| Err("no catalog".into()))
+}
+
+fn col(name: &str, primary_key: bool) -> Column {
+    Column {
+        name: name.into(),
+        primary_key,
+        generated: false,
+        hidden: false,
+    }
+}
+
+#[test]
+fn postgresql_statements_pass_unchanged() {
+    for sql in [
+        "SELECT 1",
+        "SELECT a[1] FROM t; UPDATE t SET v = 'AS OF' WHERE k = $1",
+        "SHOW search_path",
+        "SET search_path = public",
+        "CREATE TABLE t (id int PRIMARY KEY, v text GENERATED ALWAYS AS (upper(k)) STORED)",
+        "CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC; SELECT 1; END",
+        "COPY t FROM STDIN",
+        "",
+        "   ;;  ",
+        "SELECT 'unterminated",
+    ] {
+        assert_eq!(translate(sql), Outcome::Unchanged, "{sql}");
+    }
+}
+
+#[test]
+fn region_ddl_becomes_a_call_with_cockroachdbs_tag() {
+    let t = rewritten(r#"ALTER DATABASE movr PRIMARY REGION "us-east1""#);
+    assert_eq!(
+        t.assemble(|_| unreachable!()),
+        r#"CALL multiregion.exec(E'ALTER DATABASE movr PRIMARY REGION "us-east1"')"#
+    );
+    assert_eq!(
+        t.presents[0].command_tag("CALL"),
+        "ALTER DATABASE PRIMARY REGION"
+    );
+    let t = rewritten("ALTER TABLE t SET LOCALITY GLOBAL");
+    assert_eq!(
+        t.presents[0].command_tag("CALL"),
+        "ALTER TABLE SET LOCALITY"
+    );
+}
+
+#[test]
+fn show_statements_become_typed_queries_keeping_the_row_count() {
+    let t = rewritten("SHOW REGIONS FROM DATABASE");
+    let sql = t.assemble(|_| unreachable!());
+    assert!(
+        sql.contains("multiregion.execute(E'SHOW REGIONS FROM DATABASE')"),
+        "{sql}"
+    );
+    assert!(sql.contains(r#""primary" boolean"#), "{sql}");
+    assert_eq!(t.presents[0].command_tag("SELECT 3"), "SHOW REGIONS 3");
+    assert_eq!(
+        rewritten("SHOW LOCALITY").presents[0].command_tag("SELECT 1"),
+        "SHOW"
+    );
+}
+
+#[test]
+fn bracketed_show_is_a_subquery_with_an_alias_when_none_is_given() {
+    let sql = text("SELECT region FROM [SHOW REGIONS]");
+    assert!(
+        sql.starts_with("SELECT region FROM (SELECT s.* FROM"),
+        "{sql}"
+    );
+    assert!(sql.ends_with(r#") AS "show""#), "{sql}");
+    let sql = text("SELECT r.region FROM [SHOW REGIONS FROM CLUSTER] r WHERE true");
+    assert!(sql.ends_with(") r WHERE true"), "{sql}");
+    let sql = text("SELECT * FROM [SHOW REGIONS] WHERE region = 'x'");
+    assert!(sql.ends_with(r#") AS "show" WHERE region = 'x'"#), "{sql}");
+    let sql = text("SELECT * FROM [SHOW timezone]");
+    assert!(
+        sql.contains("pg_catalog.current_setting(E'timezone')"),
+        "{sql}"
+    );
+    assert_eq!(
+        rewritten("SELECT 1 FROM [SHOW REGIONS]").presents[0].command_tag("SELECT 1"),
+        "SELECT 1"
+    );
+}
+
+#[test]
+fn upsert_is_insert_on_conflict_on_the_primary_key() {
+    let t = rewritten("UPSERT INTO s.t (k, v) VALUES ($1, $2) RETURNING *");
+    assert_eq!(
+        t.upserts().next().unwrap().table,
+        ObjectName(vec!["s".into(), "t".into()])
+    );
+    let cols = [col("k", true), col("v", false), col("w", false)];
+    assert_eq!(
+        t.assemble(|_| Ok(cols.to_vec())),
+        r#"INSERT INTO s.t (k, v) VALUES ($1, $2) ON CONFLICT ("k") DO UPDATE SET "v" = excluded."v" RETURNING *"#
+    );
+    // Without a column list, every writable visible column is overwritten.
+    let mut all = cols.to_vec();
+    all.push(Column {
+        generated: true,
+        ..col("g", false)
+    });
+    all.push(Column {
+        hidden: true,
+        ..col("crdb_region", false)
+    });
+    assert_eq!(
+        text_with("UPSERT INTO t VALUES (1, 'a', 'b')", &all),
+        r#"INSERT INTO t VALUES (1, 'a', 'b') ON CONFLICT ("k") DO UPDATE SET "v" = excluded."v", "w" = excluded."w""#
+    );
+    // Only key columns: the row is kept as it is, and counted.
+    assert_eq!(
+        text_with("UPSERT INTO t (k) SELECT 1", &cols),
+        r#"INSERT INTO t (k) SELECT 1 ON CONFLICT ("k") DO UPDATE SET "k" = excluded."k""#
+    );
+    assert!(text_with("UPSERT INTO t VALUES (1)", &[col("v", false)]).contains("raise_error"));
+    assert!(text("UPSERT t VALUES (1)").contains("42601"));
+}
+
+fn text_with(sql: &str, cols: &[Column]) -> String {
+    rewritten(sql).assemble(|_| Ok(cols.to_vec()))
+}
+
+#[test]
+fn as_of_system_time_is_refused_in_every_position() {
+    for sql in [
+        "SELECT * FROM t AS OF SYSTEM TIME '-10s'",
+        "BEGIN AS OF SYSTEM TIME '-10s'",
+        "SET TRANSACTION AS OF SYSTEM TIME follower_read_timestamp()",
+        "select * from t as of system time with_max_staleness('10s')",
+    ] {
+        let sql = text(sql);
+        assert!(
+            sql.starts_with("SELECT multiregion.raise_error(E'0A000'"),
+            "{sql}"
+        );
+    }
+    assert_eq!(translate("SELECT 'AS OF SYSTEM TIME'"), Outcome::Unchanged);
+}
+
+#[test]
+fn use_switches_database_only_alone() {
+    assert_eq!(translate("USE movr"), Outcome::Use("movr".into()));
+    assert_eq!(translate(r#"USE "My DB";"#), Outcome::Use("My DB".into()));
+    assert_eq!(
+        translate("SET database = movr"),
+        Outcome::Use("movr".into())
+    );
+    assert_eq!(
+        translate("set database to 'movr'"),
+        Outcome::Use("movr".into())
+    );
+    assert!(text("SELECT 1; USE movr").contains("25001"));
+    assert!(matches!(translate_one("USE movr"), Outcome::Rewritten(_)));
+}
+
+#[test]
+fn create_database_with_regions_is_created_then_configured() {
+    assert_eq!(
+        translate(r#"CREATE DATABASE "Mr" PRIMARY REGION "us-east1" REGIONS "us-west1""#),
+        Outcome::CreateDatabase {
+            name: "Mr".into(),
+            create: r#"CREATE DATABASE "Mr""#.into(),
+            configure: r#"CREATE DATABASE "Mr" PRIMARY REGION "us-east1" REGIONS "us-west1""#
+                .into(),
+        }
+    );
+    assert_eq!(translate("CREATE DATABASE plain"), Outcome::Unchanged);
+}
+
+#[test]
+fn literals_survive_any_quoting_setting() {
+    assert_eq!(literal(r"it's a \ test"), r"E'it''s a \\ test'");
+    assert_eq!(ident(r#"a"b"#), r#""a""b""#);
+    let sql = text(r#"ALTER DATABASE "it's" PRIMARY REGION 'a\b'"#);
+    assert!(
+        sql.contains(r#"E'ALTER DATABASE "it''s" PRIMARY REGION ''a\\b'''"#),
+        "{sql}"
+    );
+}
+
+#[test]
+fn text_between_statements_is_kept() {
+    let sql = "SELECT 1 /* one */;\n SHOW LOCALITY ; -- two\nSELECT 'x;y'";
+    let out = text(sql);
+    assert!(out.starts_with("SELECT 1 /* one */;\n SELECT"), "{out}");
+    assert!(out.ends_with(" ; -- two\nSELECT 'x;y'"), "{out}");
+    assert_eq!(rewritten(sql).presents.len(), 3);
+}
+
+const WORDS: &[&str] = &[
+    "SHOW",
+    "REGIONS",
+    "FROM",
+    "DATABASE",
+    "CLUSTER",
+    "ALL",
+    "DATABASES",
+    "UPSERT",
+    "INTO",
+    "USE",
+    "SET",
+    "AS",
+    "OF",
+    "SYSTEM",
+    "TIME",
+    "CREATE",
+    "TABLE",
+    "LOCALITY",
+    "REGIONAL",
+    "BY",
+    "ROW",
+    "GLOBAL",
+    "ALTER",
+    "PRIMARY",
+    "REGION",
+    "ADD",
+    "DROP",
+    "SURVIVE",
+    "ZONE",
+    "FAILURE",
+    "IN",
+    "RETURNING",
+    "VALUES",
+    "SELECT",
+    "BEGIN",
+    "ATOMIC",
+    "END",
+    "STORED",
+    "ON",
+    "CONFLICT",
+    "SURVIVAL",
+    "GOAL",
+    "CONFIGURATION",
+    "TABLES",
+    "IF",
+    "EXISTS",
+    "NOT",
+    "[",
+    "]",
+    "(",
+    ")",
+    ";",
+    ",",
+    ".",
+    "=",
+    "*",
+    "'s'",
+    "'it''s'",
+    "\"Q\"",
+    "\"\"",
+    "$$d$$",
+    "$1",
+    "1",
+    "E'\\''",
+    "--c\n",
+    "/*",
+    "*/",
+    "'",
+    "\"",
+    "$",
+    "$a$",
+    "::",
+    "é",
+    "\u{0}",
+    "crdb_region",
+    "t",
+    "movr",
+    "\"us-east1\"",
+];
+
+fn soup() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(WORDS), 0..40).prop_map(|w| w.join(" "))
+}
+
+fn check(sql: &str) {
+    let columns = [
+        vec![],
+        vec![col("k", true)],
+        vec![col("k", true), col("v", false)],
+    ];
+    for o in [translate(sql), translate_one(sql)] {
+        if let Outcome::Rewritten(t) = o {
+            for c in &columns {
+                let _ = t.assemble(|_| Ok(c.clone()));
+            }
+            let _ = t.assemble(|_| Err("x".into()));
+            for p in &t.presents {
+                let _ = p.command_tag("SELECT 3");
+                let _ = p.command_tag("");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn no_panic_on_arbitrary_text(sql in any::<String>()) {
+        check(&sql);
+    }
+
+    #[test]
+    fn no_panic_on_cockroachdb_token_soup(sql in soup()) {
+        check(&sql);
+    }
+
+    /// Statements built only from words CockroachDB's forms do not use are PostgreSQL's, and
+    /// reach it byte for byte.
+    #[test]
+    fn postgresql_only_text_is_never_touched(
+        parts in prop::collection::vec(prop::sample::select(&[
+            "SELECT", "INSERT", "UPDATE", "t", "x", "1", "'a'", "(", ")", ",", ";", "WHERE",
+            "=", "FROM", "VALUES", "AS", "OF", "TIME", "\"Q\"", "--c\n", "ARRAY", "[", "]",
+        ][..]), 0..30)
+    ) {
+        let sql = parts.join(" ");
+        prop_assert_eq!(translate(&sql), Outcome::Unchanged);
+    }
+}
