@@ -180,8 +180,31 @@ impl Upsert {
     }
 }
 
+/// Words at least one of which every statement this module rewrites contains (`[SHOW …]`,
+/// `USE`, `UPSERT`, `… DATABASE …`, `LOCALITY`, computed `… STORED`, `AS OF SYSTEM TIME`):
+/// text with none of them is PostgreSQL's, and is passed on without being lexed.
+const TRIGGERS: &[&[u8]] = &[
+    b"show",
+    b"use",
+    b"upsert",
+    b"database",
+    b"locality",
+    b"stored",
+    b"system",
+];
+
+fn may_need_translation(sql: &str) -> bool {
+    let b = sql.as_bytes();
+    TRIGGERS
+        .iter()
+        .any(|t| b.windows(t.len()).any(|w| w.eq_ignore_ascii_case(t)))
+}
+
 /// Translates one simple-protocol query string (several statements allowed).
 pub fn translate(sql: &str) -> Outcome {
+    if !may_need_translation(sql) {
+        return Outcome::Unchanged;
+    }
     let Ok(toks) = lex(sql) else {
         return Outcome::Unchanged;
     };
