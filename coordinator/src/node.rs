@@ -41,6 +41,8 @@ pub struct Node {
     meta: OnceLock<Arc<Meta>>,
     /// The schema-change applier's progress, per database (`pgmr status`).
     schema: Arc<crate::schema::Progress>,
+    /// The SQL gateway, once it serves.
+    gateway: OnceLock<Arc<crate::gateway::Gateway>>,
     started: Instant,
 }
 
@@ -142,6 +144,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         pg: Arc::new(PgState::default()),
         meta: OnceLock::new(),
         schema: Arc::default(),
+        gateway: OnceLock::new(),
         started: Instant::now(),
     });
     node.membership.learn(&members);
@@ -198,6 +201,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
     tokio::spawn(applier.run(stop.clone()));
 
     let supervisor = postgres::start(pg_cfg, node.pg.clone(), stop.clone()).await?;
+    let _ = node.gateway.set(gateway.clone());
     tokio::spawn(gateway.serve(sql_listener, stop.clone()));
     tracing::info!(
         node_id = node.id(),
@@ -527,6 +531,12 @@ impl Node {
             LocalRequest::SetClusterSetting { name, value } => {
                 self.write(Command::SetClusterSetting { name, value }).await
             }
+            LocalRequest::RestartIdleReaders { backend_pids } => LocalResponse::Restarted {
+                backend_pids: match self.gateway.get() {
+                    Some(g) => g.restart_idle_readers(&backend_pids).await,
+                    None => Vec::new(),
+                },
+            },
             LocalRequest::DatabaseConfigs => {
                 self.read(|s, _| LocalResponse::DatabaseConfigs {
                     databases: s.databases().cloned().collect(),

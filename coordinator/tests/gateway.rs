@@ -604,3 +604,53 @@ async fn large_results_stream_without_being_buffered_whole() {
         "pgmr grew from {before} kB to {during} kB while the client was not reading"
     );
 }
+
+/// CockroachDB's schema changes do not wait for a session that read and went idle inside its
+/// transaction (the MovR app leaves one open while it runs `configure-multi-region`). Through
+/// the gateway, such a READ COMMITTED reader's transaction is restarted, savepoints and all,
+/// and the schema change goes ahead; a transaction that wrote is waited for, as PostgreSQL
+/// always does.
+#[tokio::test]
+async fn an_idle_reader_does_not_block_a_schema_change() {
+    let admin = client().await;
+    admin
+        .simple_query(r#"CREATE DATABASE gw_idle PRIMARY REGION "us-east1""#)
+        .await
+        .unwrap();
+    let ddl = client_as("root", None, "gw_idle").await.unwrap();
+    ddl.batch_execute("CREATE TABLE readers_t (id INT PRIMARY KEY, v TEXT); INSERT INTO readers_t VALUES (1, 'a')")
+        .await
+        .unwrap();
+    let reader = client_as("root", None, "gw_idle").await.unwrap();
+    reader
+        .batch_execute("BEGIN; SAVEPOINT cockroach_restart; SELECT * FROM readers_t")
+        .await
+        .unwrap();
+    let altered = tokio::time::timeout(
+        Duration::from_secs(20),
+        ddl.simple_query("ALTER TABLE readers_t SET LOCALITY REGIONAL BY ROW"),
+    )
+    .await
+    .expect("the schema change waited for an idle reader");
+    altered.unwrap();
+    // The reader's transaction goes on, savepoint included, and sees the new table.
+    reader
+        .batch_execute(
+            "SELECT crdb_region FROM readers_t; RELEASE SAVEPOINT cockroach_restart; COMMIT",
+        )
+        .await
+        .unwrap();
+
+    // A transaction that wrote keeps its locks: the schema change waits (here: times out).
+    let writer = client_as("root", None, "gw_idle").await.unwrap();
+    writer
+        .batch_execute("BEGIN; UPDATE readers_t SET v = 'b' WHERE id = 1")
+        .await
+        .unwrap();
+    let e = ddl
+        .batch_execute("SET lock_timeout = '1s'; ALTER TABLE readers_t SET LOCALITY GLOBAL")
+        .await
+        .unwrap_err();
+    assert_eq!(e.code().unwrap().code(), "55P03", "{e}");
+    writer.batch_execute("COMMIT").await.unwrap();
+}

@@ -556,7 +556,7 @@ fn extension_installed() -> bool {
 }
 
 fn read_catalog(relid: pg_sys::Oid) -> Option<RbrTable> {
-    let row = crate::regions::spi::rows(
+    let row = crate::regions::spi::read_rows(
         "SELECT a.attnum::text, l.region_column::text, l.hidden::text, l.region_expr_sql, \
                 l.auto_rehoming::text \
          FROM multiregion.table_locality l JOIN pg_catalog.pg_attribute a \

@@ -73,6 +73,15 @@ pub fn database_configs() -> Result<Vec<mr_meta::DatabaseConfig>, MrError> {
     }
 }
 
+/// Asks pgmr's SQL gateway to restart the idle read-only transactions of these backends, so
+/// they release their locks; the backends it restarted.
+pub fn restart_idle_readers(backend_pids: Vec<i32>) -> Result<Vec<i32>, MrError> {
+    match call(LocalRequest::RestartIdleReaders { backend_pids })? {
+        LocalResponse::Restarted { backend_pids } => Ok(backend_pids),
+        other => Err(unexpected("restart_idle_readers", &other)),
+    }
+}
+
 pub fn eventlog() -> Result<Vec<EventRow>, MrError> {
     match call_meta(LocalRequest::EventLog)? {
         LocalResponse::EventLog { events } => Ok(events),
@@ -194,6 +203,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::SchemaVersion { .. } => "schema_version",
         LocalResponse::SchemaLog { .. } => "schema_log",
         LocalResponse::DatabaseConfigs { .. } => "database_configs",
+        LocalResponse::Restarted { .. } => "restarted",
     };
     MrError::UnexpectedResponse { request, response }
 }

@@ -36,6 +36,8 @@ pub struct Gateway {
     /// Client-visible (pid, key) → the backend's own (pid, key). The gateway hands clients a
     /// key of its own so that a session whose backend changes (`USE`) stays cancellable.
     cancels: Mutex<HashMap<(i32, i32), (i32, i32)>>,
+    /// Sessions by their backend's pid, to ask one to restart its idle transaction.
+    sessions: Mutex<HashMap<i32, tokio::sync::mpsc::UnboundedSender<session::Control>>>,
     /// Superuser pools per database, for the catalog lookups `UPSERT` needs and for
     /// configuring a database created with regions.
     pools: Mutex<HashMap<String, PgPool>>,
@@ -59,6 +61,7 @@ impl Gateway {
             pg,
             tls: Some(tokio_rustls::TlsAcceptor::from(tls)),
             cancels: Mutex::default(),
+            sessions: Mutex::default(),
             pools: Mutex::default(),
         }))
     }
@@ -192,6 +195,45 @@ impl Gateway {
             let _ = s.write_all(&msg).await;
             let _ = s.shutdown().await;
         }
+    }
+
+    /// Asks the sessions on these backends to restart their transaction if it is idle,
+    /// read-only and READ COMMITTED (see `Session::restart_idle_reader`); the pids restarted.
+    pub async fn restart_idle_readers(&self, backend_pids: &[i32]) -> Vec<i32> {
+        let mut asked = Vec::new();
+        {
+            let sessions = self.sessions.lock().expect("sessions");
+            for pid in backend_pids {
+                if let Some(tx) = sessions.get(pid) {
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    if tx.send(session::Control::RestartIdleReader(reply)).is_ok() {
+                        asked.push((*pid, answer));
+                    }
+                }
+            }
+        }
+        let mut restarted = Vec::new();
+        for (pid, answer) in asked {
+            if let Ok(Ok(true)) = tokio::time::timeout(Duration::from_secs(2), answer).await {
+                restarted.push(pid);
+            }
+        }
+        restarted
+    }
+
+    fn register_session(
+        &self,
+        backend_pid: i32,
+        tx: tokio::sync::mpsc::UnboundedSender<session::Control>,
+    ) {
+        self.sessions
+            .lock()
+            .expect("sessions")
+            .insert(backend_pid, tx);
+    }
+
+    fn forget_session(&self, backend_pid: i32) {
+        self.sessions.lock().expect("sessions").remove(&backend_pid);
     }
 
     fn pool(&self, db: &str) -> PgPool {

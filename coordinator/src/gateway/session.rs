@@ -171,6 +171,8 @@ where
         }
     }
     let cancel_key = cancel_key.unwrap_or_else(|| gw.register_cancel(backend_key));
+    let (control, control_rx) = tokio::sync::mpsc::unbounded_channel();
+    gw.register_session(backend_key.0, control.clone());
     let mut s = Session {
         gw: gw.clone(),
         params,
@@ -187,11 +189,16 @@ where
         to_server: BytesMut::new(),
         to_client: BytesMut::new(),
         deferred: None,
+        backend_pid: backend_key.0,
+        control,
+        savepoints: Vec::new(),
+        opaque: false,
     };
     s.to_client.extend_from_slice(&sbuf);
     sbuf.clear();
-    let result = s.relay(client, server, cbuf).await;
+    let result = s.relay(client, server, cbuf, control_rx).await;
     gw.forget_cancel(s.cancel_key);
+    gw.forget_session(s.backend_pid);
     result
 }
 
@@ -207,6 +214,13 @@ async fn next_message<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Re
             bail!("connection closed during startup");
         }
     }
+}
+
+/// What the rest of pgmr may ask of a session.
+pub enum Control {
+    /// Restart the session's transaction if it is idle, read-only and READ COMMITTED (a
+    /// schema change wants the locks it holds); answers whether it did.
+    RestartIdleReader(tokio::sync::oneshot::Sender<bool>),
 }
 
 /// A response PostgreSQL owes, in the order the requests were sent.
@@ -255,10 +269,23 @@ struct Session {
     to_server: BytesMut,
     to_client: BytesMut,
     deferred: Option<Deferred>,
+    /// The backend's pid, under which the session is registered for [`Control`] requests.
+    backend_pid: i32,
+    control: tokio::sync::mpsc::UnboundedSender<Control>,
+    /// Savepoints of the open transaction, oldest first, and whether it holds state a restart
+    /// could not recreate (both as far as the client's statements tell).
+    savepoints: Vec<String>,
+    opaque: bool,
 }
 
 impl Session {
-    async fn relay<C>(&mut self, client: C, server: UnixStream, mut cbuf: BytesMut) -> Result<()>
+    async fn relay<C>(
+        &mut self,
+        client: C,
+        server: UnixStream,
+        mut cbuf: BytesMut,
+        mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
+    ) -> Result<()>
     where
         C: AsyncRead + AsyncWrite + Unpin + Send,
     {
@@ -325,6 +352,10 @@ impl Session {
                         return Ok(());
                     }
                 }
+                Some(Control::RestartIdleReader(reply)) = control.recv() => {
+                    let done = self.restart_idle_reader(&mut sr, &mut sw, &mut sbuf).await?;
+                    let _ = reply.send(done);
+                }
             }
         }
     }
@@ -381,6 +412,7 @@ impl Session {
         match tag {
             b'Q' => {
                 let sql = proto::read_query(msg).map_err(|e| anyhow!(e))?;
+                self.track_transaction(sql, false);
                 match mr_sql::translate(sql) {
                     Outcome::Unchanged => {
                         self.to_server.extend_from_slice(msg);
@@ -415,6 +447,7 @@ impl Session {
             }
             b'P' => {
                 let (name, sql, types) = proto::read_parse(msg).map_err(|e| anyhow!(e))?;
+                self.track_transaction(sql, true);
                 match mr_sql::translate_one(sql) {
                     Outcome::Rewritten(t) => {
                         let sql = self.assemble(&t).await;
@@ -488,6 +521,90 @@ impl Session {
         Ok(())
     }
 
+    /// Follows the savepoints of the open transaction. A prepared statement may run any
+    /// number of times, so one that touches transaction state makes it opaque.
+    fn track_transaction(&mut self, sql: &str, prepared: bool) {
+        for effect in mr_sql::txn_effects(sql) {
+            match effect {
+                _ if prepared => self.opaque = true,
+                mr_sql::TxnEffect::Savepoint(n) => self.savepoints.push(n),
+                mr_sql::TxnEffect::Release(n) => {
+                    if let Some(i) = self.savepoints.iter().rposition(|s| *s == n) {
+                        self.savepoints.truncate(i);
+                    }
+                }
+                mr_sql::TxnEffect::RollbackTo(n) => {
+                    if let Some(i) = self.savepoints.iter().rposition(|s| *s == n) {
+                        self.savepoints.truncate(i + 1);
+                    }
+                }
+                mr_sql::TxnEffect::Opaque => self.opaque = true,
+            }
+        }
+    }
+
+    /// CockroachDB's schema changes do not wait for idle readers; PostgreSQL's wait for every
+    /// lock holder. A session idle inside a transaction that has only read, under READ
+    /// COMMITTED, can have that transaction restarted without the client noticing: each of its
+    /// statements reads a fresh snapshot anyway, and the restart recreates its savepoints. It
+    /// then holds no locks, and the schema change that asked goes ahead. Anything else — a
+    /// write, another isolation level, cursors or other state — and the answer is no.
+    async fn restart_idle_reader(
+        &mut self,
+        sr: &mut tokio::net::unix::OwnedReadHalf,
+        sw: &mut tokio::net::unix::OwnedWriteHalf,
+        sbuf: &mut BytesMut,
+    ) -> Result<bool> {
+        let idle = self.pending.is_empty()
+            && self.to_server.is_empty()
+            && self.deferred.is_none()
+            && self.s_stream == 0
+            && self.c_stream == 0;
+        if !idle || self.txn != b'T' || self.opaque {
+            return Ok(false);
+        }
+        let (error, _, rows) = self
+            .own_query_rows(
+                "SELECT pg_catalog.current_setting('transaction_isolation'), \
+                        pg_catalog.current_setting('transaction_read_only'), \
+                        pg_catalog.pg_current_xact_id_if_assigned() IS NULL",
+                sr,
+                sw,
+                sbuf,
+            )
+            .await?;
+        let state: Vec<Option<&str>> = rows
+            .first()
+            .map(|r| r.iter().map(|c| c.as_deref()).collect())
+            .unwrap_or_default();
+        let read_only = match state.as_slice() {
+            [Some("read committed"), Some(ro), Some("t")] if error.is_none() => *ro == "on",
+            _ => return Ok(false),
+        };
+        let mut sql = format!(
+            "ROLLBACK; BEGIN ISOLATION LEVEL READ COMMITTED{}",
+            if read_only { ", READ ONLY" } else { "" }
+        );
+        for sp in &self.savepoints {
+            sql.push_str(&format!("; SAVEPOINT {}", mr_sql::ident(sp)));
+        }
+        let (error, status, _) = self.own_query_rows(&sql, sr, sw, sbuf).await?;
+        if error.is_some() || status != b'T' {
+            // The client believes its transaction open: leave it aborted, never absent.
+            let raise = format!(
+                "BEGIN; SELECT multiregion.raise_error('40001', {}, NULL)",
+                mr_sql::literal("restart transaction: a schema change restarted it")
+            );
+            let (_, status, _) = self.own_query_rows(&raise, sr, sw, sbuf).await?;
+            self.txn = status;
+        }
+        tracing::debug!(
+            backend = self.backend_pid,
+            "restarted an idle reader for a schema change"
+        );
+        Ok(true)
+    }
+
     /// The rewritten text, with each UPSERT's table looked up.
     async fn assemble(&mut self, t: &mr_sql::Translation) -> String {
         let mut found = HashMap::new();
@@ -541,6 +658,10 @@ impl Session {
         match tag {
             b'Z' => {
                 self.txn = proto::body(msg).first().copied().unwrap_or(b'I');
+                if self.txn == b'I' {
+                    self.savepoints.clear();
+                    self.opaque = false;
+                }
                 self.pending.pop_front();
             }
             b'C' => {
@@ -660,8 +781,35 @@ impl Session {
         }
     }
 
-    /// Runs one query on the session's backend for the gateway itself: notices reach the
-    /// client, and the error (if any) and the final transaction status come back.
+    /// Runs a query on the session's backend for the gateway itself: notices reach the
+    /// client; the error (if any), the final transaction status and the rows come back.
+    async fn own_query_rows(
+        &mut self,
+        sql: &str,
+        sr: &mut tokio::net::unix::OwnedReadHalf,
+        sw: &mut tokio::net::unix::OwnedWriteHalf,
+        sbuf: &mut BytesMut,
+    ) -> Result<(Option<Vec<u8>>, u8, Vec<Vec<Option<String>>>)> {
+        let mut out = Vec::new();
+        proto::query(&mut out, sql);
+        sw.write_all(&out).await?;
+        let mut error = None;
+        let mut rows = Vec::new();
+        loop {
+            let msg = next_big_message(sr, sbuf).await?;
+            match msg[0] {
+                b'E' if error.is_none() => error = Some(msg),
+                b'D' => rows.push(proto::read_data_row(&msg)?),
+                b'Z' => {
+                    let status = proto::body(&msg).first().copied().unwrap_or(b'I');
+                    return Ok((error, status, rows));
+                }
+                b'N' | b'S' | b'A' => self.to_client.extend_from_slice(&msg),
+                _ => {}
+            }
+        }
+    }
+
     async fn own_query(
         &mut self,
         sql: &str,
@@ -669,19 +817,8 @@ impl Session {
         sw: &mut tokio::net::unix::OwnedWriteHalf,
         sbuf: &mut BytesMut,
     ) -> Result<(Option<Vec<u8>>, u8)> {
-        let mut out = Vec::new();
-        proto::query(&mut out, sql);
-        sw.write_all(&out).await?;
-        let mut error = None;
-        loop {
-            let msg = next_big_message(sr, sbuf).await?;
-            match msg[0] {
-                b'E' => error = Some(msg),
-                b'Z' => return Ok((error, proto::body(&msg).first().copied().unwrap_or(b'I'))),
-                b'N' | b'S' | b'A' => self.to_client.extend_from_slice(&msg),
-                _ => {}
-            }
-        }
+        let (error, status, _) = self.own_query_rows(sql, sr, sw, sbuf).await?;
+        Ok((error, status))
     }
 
     async fn create_database(
@@ -766,6 +903,9 @@ impl Session {
             Ok((stream, statuses, key)) => {
                 self.to_client.extend_from_slice(&statuses);
                 self.gw.rebind_cancel(self.cancel_key, key);
+                self.gw.forget_session(self.backend_pid);
+                self.backend_pid = key.0;
+                self.gw.register_session(key.0, self.control.clone());
                 self.database = db.to_string();
                 for (k, v) in self.params.iter_mut() {
                     if k == "database" {

@@ -179,6 +179,29 @@ pub fn read_fields(msg: &[u8]) -> Result<Vec<(u8, String)>, ProtoError> {
     Err(ProtoError::Malformed("ErrorResponse"))
 }
 
+/// `DataRow` in text format: each column's value, `None` for NULL.
+pub fn read_data_row(msg: &[u8]) -> Result<Vec<Option<String>>, ProtoError> {
+    let b = body(msg);
+    let bad = ProtoError::Malformed("DataRow");
+    let n = b.get(..2).ok_or(bad.clone())?;
+    let n = u16::from_be_bytes([n[0], n[1]]) as usize;
+    let mut pos = 2;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = b.get(pos..pos + 4).ok_or(bad.clone())?;
+        let len = be_u32(len) as i32;
+        pos += 4;
+        if len < 0 {
+            out.push(None);
+            continue;
+        }
+        let v = b.get(pos..pos + len as usize).ok_or(bad.clone())?;
+        out.push(Some(String::from_utf8_lossy(v).into_owned()));
+        pos += len as usize;
+    }
+    Ok(out)
+}
+
 /// `BackendKeyData`: pid and secret key.
 pub fn read_backend_key(msg: &[u8]) -> Result<(i32, i32), ProtoError> {
     let b = body(msg);

@@ -22,6 +22,7 @@ proptest! {
         let _ = read_fields(&msg);
         let _ = read_backend_key(&msg);
         let _ = read_auth(&msg);
+        let _ = read_data_row(&msg);
     }
 
     /// A startup packet of any declared length either frames as that length or is refused;

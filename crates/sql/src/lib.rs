@@ -22,8 +22,8 @@ pub use ast::*;
 pub use parse::parse;
 pub use star::is_star_reference;
 pub use translate::{
-    ident, literal, show_columns, translate, translate_one, Column, Outcome, Present, Translation,
-    Upsert,
+    ident, literal, show_columns, translate, translate_one, txn_effects, Column, Outcome, Present,
+    Translation, TxnEffect, Upsert,
 };
 
 /// A syntax error at a character position (1-based, in characters as PostgreSQL counts them).

@@ -721,3 +721,76 @@ pub fn literal(s: &str) -> String {
 pub fn ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
+
+/// What a statement does to the transaction state the gateway must recreate when it restarts
+/// an idle reader's transaction (see pgmr's gateway): its savepoints, or state it cannot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnEffect {
+    Savepoint(String),
+    Release(String),
+    RollbackTo(String),
+    /// Transaction-scoped state a restart would lose: cursors, `SET LOCAL`, explicit and
+    /// advisory locks, `PREPARE TRANSACTION`.
+    Opaque,
+}
+
+const TXN_TRIGGERS: &[&[u8]] = &[
+    b"savepoint",
+    b"release",
+    b"rollback",
+    b"declare",
+    b"local",
+    b"lock",
+    b"prepare",
+];
+
+/// The transaction effects of a query string's statements, in order.
+pub fn txn_effects(sql: &str) -> Vec<TxnEffect> {
+    let b = sql.as_bytes();
+    if !TXN_TRIGGERS
+        .iter()
+        .any(|t| b.windows(t.len()).any(|w| w.eq_ignore_ascii_case(t)))
+    {
+        return Vec::new();
+    }
+    let Ok(toks) = lex(sql) else {
+        return vec![TxnEffect::Opaque];
+    };
+    let name = |t: Option<&Token>| match t.map(|t| &t.tok) {
+        Some(Tok::Word(w) | Tok::Quoted(w)) => Some(w.clone()),
+        _ => None,
+    };
+    let mut out = Vec::new();
+    for st in toks.split(|t| t.tok == Tok::Punct(';')) {
+        let w: Vec<Option<&str>> = st.iter().map(|t| t.word()).collect();
+        let at = |i: usize| w.get(i).copied().flatten();
+        let effect = match at(0) {
+            Some("savepoint") => name(st.get(1)).map(TxnEffect::Savepoint),
+            Some("release") => {
+                let i = if at(1) == Some("savepoint") { 2 } else { 1 };
+                name(st.get(i)).map(TxnEffect::Release)
+            }
+            Some("rollback") => {
+                let mut i = 1;
+                if matches!(at(i), Some("work" | "transaction")) {
+                    i += 1;
+                }
+                if at(i) == Some("to") {
+                    i += 1;
+                    if at(i) == Some("savepoint") {
+                        i += 1;
+                    }
+                    name(st.get(i)).map(TxnEffect::RollbackTo)
+                } else {
+                    None
+                }
+            }
+            Some("declare" | "lock" | "prepare") => Some(TxnEffect::Opaque),
+            Some("set") if at(1) == Some("local") => Some(TxnEffect::Opaque),
+            _ if w.iter().flatten().any(|x| x.contains("advisory")) => Some(TxnEffect::Opaque),
+            _ => None,
+        };
+        out.extend(effect);
+    }
+    out
+}

@@ -336,3 +336,31 @@ proptest! {
         prop_assert_eq!(translate(&sql), Outcome::Unchanged);
     }
 }
+
+#[test]
+fn transaction_effects_follow_savepoints_and_flag_what_a_restart_would_lose() {
+    use TxnEffect::*;
+    assert_eq!(txn_effects("SELECT 1; UPDATE t SET v = 1"), vec![]);
+    assert_eq!(
+        txn_effects(
+            "SAVEPOINT cockroach_restart; RELEASE SAVEPOINT cockroach_restart; \
+             rollback to savepoint \"A\"; ROLLBACK TRANSACTION TO b; release c; ROLLBACK"
+        ),
+        vec![
+            Savepoint("cockroach_restart".into()),
+            Release("cockroach_restart".into()),
+            RollbackTo("A".into()),
+            RollbackTo("b".into()),
+            Release("c".into())
+        ]
+    );
+    for opaque in [
+        "DECLARE c CURSOR FOR SELECT 1",
+        "SET LOCAL statement_timeout = 1",
+        "LOCK TABLE t",
+        "SELECT pg_advisory_xact_lock(1)",
+        "PREPARE TRANSACTION 'x'",
+    ] {
+        assert_eq!(txn_effects(opaque), vec![Opaque], "{opaque}");
+    }
+}

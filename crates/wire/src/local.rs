@@ -74,6 +74,12 @@ pub enum LocalRequest {
     /// Every multi-region database's configuration, read linearizably
     /// (`SHOW REGIONS FROM ALL DATABASES`).
     DatabaseConfigs,
+    /// Restarts the read-only READ COMMITTED transactions that SQL gateway sessions hold open
+    /// on these PostgreSQL backends, releasing their locks for a schema change (CockroachDB's
+    /// schema changes do not wait for idle readers): [`LocalResponse::Restarted`].
+    RestartIdleReaders {
+        backend_pids: Vec<i32>,
+    },
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -153,6 +159,10 @@ pub enum LocalResponse {
     /// Every multi-region database's configuration, by database name.
     DatabaseConfigs {
         databases: Vec<DatabaseConfig>,
+    },
+    /// The backends whose idle transaction was restarted.
+    Restarted {
+        backend_pids: Vec<i32>,
     },
     /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
     /// and the same request may simply be sent again. `ambiguous`: a write may or may not

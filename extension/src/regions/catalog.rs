@@ -5,7 +5,7 @@ use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
 use pgrx::pg_sys::{self, Oid};
 
 pub fn database_name() -> String {
-    one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default()
+    spi::read_one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default()
 }
 
 /// The database's configuration, `None` if it is not multi-region; and its schema version.
@@ -16,7 +16,12 @@ pub fn load(lock: bool) -> (Option<DatabaseConfig>, i64) {
          secondary_region, schema_version::text FROM multiregion.database_config {}",
         if lock { "FOR UPDATE" } else { "" }
     );
-    let row = rows(&sql, vec![]).into_iter().next().unwrap_or_default();
+    let row = if lock {
+        rows(&sql, vec![])
+    } else {
+        spi::read_rows(&sql, vec![])
+    };
+    let row = row.into_iter().next().unwrap_or_default();
     let get = |i: usize| row.get(i).cloned().flatten();
     let version = get(5).and_then(|v| v.parse().ok()).unwrap_or(0);
     let Some(primary_region) = get(0) else {
@@ -103,7 +108,7 @@ pub struct LocalityRow {
 }
 
 pub fn locality(relid: Oid) -> LocalityRow {
-    let row = rows(
+    let row = spi::read_rows(
         "SELECT locality, region, region_column::text, hidden::text, region_expr_sql, \
          auto_rehoming::text FROM multiregion.table_locality WHERE relid = $1",
         vec![relid.into()],

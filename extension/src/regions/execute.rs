@@ -56,6 +56,9 @@ pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::V
     })?;
     let mut effect = Effect::default();
     let multi_region = || catalog::load(false).0.is_some();
+    if matches!(&stmt, Some(s) if mr_sql::show_columns(s).is_none()) {
+        restart_idle_readers();
+    }
     let out = match &stmt {
         None => {
             spi::run(sql);
@@ -138,6 +141,39 @@ pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::V
     };
     finish(effect, sql, origin)?;
     Ok(out)
+}
+
+/// CockroachDB's schema changes do not wait for readers; PostgreSQL's DDL waits for every lock
+/// holder, and an application that leaves a transaction open after reading (the MovR app does)
+/// would block it forever. Before a multi-region schema change, pgmr's SQL gateway is asked to
+/// restart the idle, read-only READ COMMITTED transactions holding locks in this database,
+/// which it can do without their clients noticing. Best effort: any other holder is waited
+/// for, as PostgreSQL always does.
+fn restart_idle_readers() {
+    if crate::gucs::sidecar_socket().is_none() {
+        return;
+    }
+    let pids: Vec<i32> = spi::rows(
+        "SELECT DISTINCT a.pid::text FROM pg_catalog.pg_stat_activity a \
+           JOIN pg_catalog.pg_locks l ON l.pid = a.pid \
+          WHERE a.datname = pg_catalog.current_database() AND a.pid <> pg_catalog.pg_backend_pid() \
+            AND a.state = 'idle in transaction' AND a.backend_xid IS NULL \
+            AND l.locktype = 'relation' AND l.granted",
+        vec![],
+    )
+    .into_iter()
+    .filter_map(|r| r.into_iter().next().flatten()?.parse().ok())
+    .collect();
+    if pids.is_empty() {
+        return;
+    }
+    match crate::sidecar::restart_idle_readers(pids) {
+        Ok(done) if !done.is_empty() => {
+            pgrx::debug1!("restarted idle readers {done:?} for a schema change")
+        }
+        Ok(_) => {}
+        Err(e) => pgrx::debug1!("cannot restart idle readers: {e}"),
+    }
 }
 
 /// A function cannot run `CREATE DATABASE`; the equivalent is to create the database with

@@ -76,7 +76,7 @@ fn zone_rows() -> Result<Vec<(String, String)>, MrError> {
         format!("DATABASE {db}"),
         database.raw_config_sql(&format!("DATABASE {db}")),
     ));
-    let tables = rows(
+    let tables = spi::read_rows(
         "SELECT c.oid::text, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
          FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
          WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
@@ -138,7 +138,7 @@ fn database_regions() -> TableIterator<
 }
 
 fn json_rows(query: &str, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<serde_json::Value> {
-    rows(
+    spi::read_rows(
         &format!("SELECT pg_catalog.row_to_json(q)::text FROM ({query}) q"),
         args,
     )

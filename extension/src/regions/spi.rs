@@ -32,6 +32,41 @@ pub fn rows(sql: &str, args: Vec<DatumWithOid<'_>>) -> Vec<Vec<Option<String>>> 
     .unwrap_or_else(|e| spi_failed(sql, e))
 }
 
+/// [`rows`] for a query that only reads. pgrx's read-write path gives the transaction an id
+/// first, even for a SELECT; this one does not (it runs read-only until the transaction has
+/// written, when PostgreSQL's rules need a fresh snapshot anyway). A session that only reads,
+/// through the extension's functions too, so stays a reader: it holds no transaction id, and
+/// pgmr's gateway may restart its idle transaction for a schema change.
+#[allow(unsafe_code)]
+pub fn read_rows(sql: &str, args: Vec<DatumWithOid<'_>>) -> Vec<Vec<Option<String>>> {
+    use pgrx::spi::Query;
+    // SAFETY: reads a backend-local flag. A read-only SPI query runs on the active snapshot, so
+    // without one (possible in some hook contexts) take the read-write path.
+    if !unsafe { pg_sys::ActiveSnapshotSet() } {
+        return rows(sql, args);
+    }
+    Spi::connect(|c| {
+        let table = sql.execute(c, None, &args)?;
+        let n = table.columns()?;
+        table
+            .map(|row| {
+                (1..=n)
+                    .map(|i| row.get::<String>(i))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .unwrap_or_else(|e| spi_failed(sql, e))
+}
+
+/// [`one`] for a query that only reads (see [`read_rows`]).
+pub fn read_one(sql: &str, args: Vec<DatumWithOid<'_>>) -> Option<String> {
+    read_rows(sql, args)
+        .into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+}
+
 /// The first column of the first row, as text; `None` without rows or for NULL.
 pub fn one(sql: &str, args: Vec<DatumWithOid<'_>>) -> Option<String> {
     rows(sql, args)
