@@ -13,8 +13,9 @@
 #                 region): the region and locality SQL, replicated through the meta group,
 #                 and isolation tests (concurrent sessions) of global uniqueness.
 #   gateway       against another such cluster, through node 1's SQL gateway: CockroachDB's
-#                 statements verbatim (the MovR tutorial's Step 5 among them), then pgbench's
-#                 standard workload over the simple, extended and prepared protocols.
+#                 statements verbatim (the MovR tutorial's Step 5 among them), pgbench's
+#                 standard workload over the simple, extended and prepared protocols, and an
+#                 app written for CockroachDB (SQLAlchemy with CockroachDB's dialect).
 #
 # initdb and postgres refuse to run as root, so when run as root the tests run as the OS user
 # postgres (override with REGRESS_USER). Exits non-zero if any phase fails, after printing its
@@ -224,6 +225,18 @@ gateway_phase() {
            "${pgb[@]}" -M prepared -c 2 -t 100 -S bench; } >"$out/pgbench.log" 2>&1; then
         cat "$out/pgbench.log"
         failed+=(gateway-pgbench)
+    fi
+    # An application written for CockroachDB, unchanged: SQLAlchemy with CockroachDB's own
+    # dialect (from PyPI, into a virtualenv kept under target/), in the MovR app's patterns.
+    local venv=${REGRESS_APP_VENV:-$root/target/venv-apps}
+    if ! { { [ -x "$venv/bin/python" ] || python3 -m venv "$venv"; } &&
+           "$venv/bin/pip" install -q --disable-pip-version-check 'SQLAlchemy>=1.4,<2' \
+               'sqlalchemy-cockroachdb==1.4.6' 'psycopg2-binary>=2.9' &&
+           "$bindir/psql" -X -q -h 127.0.0.1 -p "$sql_port" -U root -d defaultdb \
+               -c "CREATE DATABASE movr_app" &&
+           "$venv/bin/python" "$root/regress/apps/movr_like.py" "$sql_port"; } >"$out/app.log" 2>&1; then
+        cat "$out/app.log"
+        failed+=(gateway-app)
     fi
     kill -TERM "$demo" 2>/dev/null || true
     wait "$demo" 2>/dev/null || true
