@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check bench-meta
+.PHONY: demo test setup build check bench-meta bench-gateway
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -22,3 +22,7 @@ check:
 # Benchmarks (not part of `make test`): print medians and p99s; see bench/.
 bench-meta: build
 	cargo bench -p pgmr --bench meta
+
+bench-gateway: build
+	cargo build --release -p pgmr
+	python3 bench/gateway.py --pgmr target/release/pgmr

@@ -4,10 +4,13 @@ same PostgreSQL, side by side in one run, alternating rounds so that drift hits 
 
 Throughput: pgbench's select-only (-S) and TPC-B-like workloads, simple and prepared protocols,
 4 clients; the median tps over the rounds and the gateway/direct ratio. Latency: one client,
-select-only, every transaction logged; the median and p99 of all of them and the difference.
+select-only, every transaction logged over many short alternating rounds; the median and p99
+of all of them and the difference.
 
 Usage: bench/gateway.py [--pgmr target/release/pgmr] [--rounds 3] [--seconds 8] [--scale 10]
-Needs pgbench (postgresql-client) and a pgmr built with `cargo build --release -p pgmr`.
+Needs pgbench (postgresql-client) and a pgmr built with `cargo build --release -p pgmr`. With
+pgbouncer installed (apt-get install pgbouncer) it is measured too, in session mode in front of
+the same PostgreSQL: the reference for what a mature userspace relay costs on this machine.
 """
 
 import argparse
@@ -23,7 +26,40 @@ import sys
 import tempfile
 import time
 
-PG_PORT, SQL_PORT, RPC_PORT = 19532, 19533, 19534
+PG_PORT, SQL_PORT, RPC_PORT, BOUNCER_PORT = 19532, 19533, 19534, 19535
+
+
+def start_pgbouncer(work):
+    """pgbouncer in session mode in front of the same PostgreSQL, if it is installed: the
+    reference for what a mature userspace relay costs on this machine."""
+    exe = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(exe):
+        return None
+    d = os.path.join(work, "pgbouncer")
+    os.makedirs(d)
+    with open(os.path.join(d, "pgbouncer.ini"), "w") as f:
+        f.write(f"""[databases]
+bench = host=127.0.0.1 port={PG_PORT} dbname=bench user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {BOUNCER_PORT}
+unix_socket_dir =
+auth_type = trust
+auth_file = {d}/users.txt
+pool_mode = session
+max_client_conn = 100
+default_pool_size = 20
+logfile = {d}/pgbouncer.log
+pidfile = {d}/pgbouncer.pid
+""")
+    with open(os.path.join(d, "users.txt"), "w") as f:
+        f.write('"postgres" ""\n')
+    run_as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if run_as:
+        subprocess.run(["chown", "-R", "postgres", d], check=True)
+    subprocess.run(run_as + [exe, "-d", os.path.join(d, "pgbouncer.ini")], check=True)
+    wait_port(BOUNCER_PORT, 10)
+    return os.path.join(d, "pgbouncer.pid")
 
 
 def wait_port(port, timeout=90):
@@ -69,6 +105,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--latency-only", action="store_true")
+    ap.add_argument("--latency-rounds", type=int, default=15)
+    ap.add_argument("--latency-seconds", type=int, default=2)
     a = ap.parse_args()
     if not shutil.which("pgbench"):
         sys.exit("pgbench not found (apt-get install postgresql-client-15)")
@@ -92,32 +131,52 @@ def main():
                        capture_output=True)
         print(f"pgbench scale {a.scale}, {a.rounds} alternating rounds of {a.seconds} s, "
               f"release pgmr, {os.cpu_count()} cores\n")
-        print(f"{'workload':<28} {'direct tps':>11} {'gateway tps':>12} {'ratio':>7}")
-        for name, args in [("select-only, simple", ["-S", "-M", "simple"]),
+        bouncer = start_pgbouncer(work)
+        targets = [("direct", PG_PORT), ("gateway", SQL_PORT)]
+        if bouncer:
+            targets.append(("pgbouncer", BOUNCER_PORT))
+        head = f"{'workload':<24} {'direct tps':>11} {'gateway tps':>12} {'ratio':>6}"
+        if bouncer:
+            head += f" {'pgbouncer tps':>14} {'ratio':>6}"
+        print(head)
+        workloads = [] if a.latency_only else [
+                           ("select-only, simple", ["-S", "-M", "simple"]),
                            ("select-only, prepared", ["-S", "-M", "prepared"]),
                            ("TPC-B-like, simple", ["-M", "simple"]),
-                           ("TPC-B-like, prepared", ["-M", "prepared"])]:
-            d, g = [], []
+                           ("TPC-B-like, prepared", ["-M", "prepared"])]
+        for name, args in workloads:
+            tps = {t: [] for t, _ in targets}
             for _ in range(a.rounds):
                 common = args + ["-c", "4", "-j", "1", "-T", str(a.seconds)]
-                d.append(pgbench(PG_PORT, common))
-                g.append(pgbench(SQL_PORT, common))
-            md, mg = statistics.median(d), statistics.median(g)
-            print(f"{name:<28} {md:>11.0f} {mg:>12.0f} {mg / md:>7.3f}")
+                for t, port in targets:
+                    tps[t].append(pgbench(port, common))
+            md = statistics.median(tps["direct"])
+            line = f"{name:<24} {md:>11.0f}"
+            for t, _ in targets[1:]:
+                m = statistics.median(tps[t])
+                line += f" {m:>12.0f} {m / md:>6.3f}" if t == "gateway" else f" {m:>14.0f} {m / md:>6.3f}"
+            print(line)
         print()
-        print(f"{'one client, select-only':<28} {'p50 µs':>8} {'p99 µs':>8}")
-        lat = {}
-        for target, port in [("direct", PG_PORT), ("gateway", SQL_PORT)]:
-            lat[target] = []
-        for _ in range(a.rounds):
-            for target, port in [("direct", PG_PORT), ("gateway", SQL_PORT)]:
-                pgbench(port, ["-S", "-M", "simple", "-c", "1", "-T", str(a.seconds)], work)
-                lat[target] += latencies(work)
-        for target in ("direct", "gateway"):
-            print(f"{target:<28} {pct(lat[target], 0.5):>8} {pct(lat[target], 0.99):>8}")
-        added = pct(lat["gateway"], 0.5) - pct(lat["direct"], 0.5)
-        print(f"{'added by the gateway':<28} {added:>8}")
+        print(f"{'one client, select-only':<24} {'p50 µs':>8} {'p99 µs':>8}")
+        lat = {t: [] for t, _ in targets}
+        lat_dir = os.path.join(work, "latency")
+        os.makedirs(lat_dir)
+        # Short rounds, many of them: a one-client round trip on a VM drifts with the host's
+        # load, and fine alternation spreads that drift over every target alike.
+        for _ in range(a.latency_rounds):
+            for t, port in targets:
+                pgbench(port, ["-S", "-M", "simple", "-c", "1", "-T", str(a.latency_seconds)],
+                        lat_dir)
+                lat[t] += latencies(lat_dir)
+        for t, _ in targets:
+            print(f"{t:<24} {pct(lat[t], 0.5):>8} {pct(lat[t], 0.99):>8}")
+        for t, _ in targets[1:]:
+            added = pct(lat[t], 0.5) - pct(lat["direct"], 0.5)
+            print(f"{'added by ' + t:<24} {added:>8}")
     finally:
+        pidfile = os.path.join(work, "pgbouncer", "pgbouncer.pid")
+        if os.path.exists(pidfile):
+            os.kill(int(open(pidfile).read()), signal.SIGTERM)
         node.send_signal(signal.SIGTERM)
         node.wait(60)
         shutil.rmtree(work, ignore_errors=True)

@@ -26,7 +26,7 @@ impl Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start a node: supervise its PostgreSQL and join (or bootstrap) a cluster.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Start a local multi-node cluster on loopback and open psql on node 1.
     Demo(DemoArgs),
     /// Show a running node's view of the cluster.

@@ -46,7 +46,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            cli::Command::Start(args) => node::run(args).await,
+            cli::Command::Start(args) => node::run(*args).await,
             cli::Command::Demo(args) => demo::run(args).await,
             cli::Command::Status(args) => status::run(args).await,
             cli::Command::Debug(cmd) => status::debug(cmd).await,

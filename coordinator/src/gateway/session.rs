@@ -295,7 +295,7 @@ impl Session {
         let mut client_open = true;
         // Anything the client pipelined behind its last authentication message.
         if !cbuf.is_empty() {
-            self.from_client(&mut cbuf).await?;
+            self.on_client_bytes(&mut cbuf).await?;
         }
         loop {
             if self.deferred.is_some()
@@ -311,7 +311,7 @@ impl Session {
                     (sr, sw) = (r, w);
                 }
                 if !cbuf.is_empty() {
-                    self.from_client(&mut cbuf).await?;
+                    self.on_client_bytes(&mut cbuf).await?;
                 }
             }
             let read_client =
@@ -330,7 +330,7 @@ impl Session {
                         if self.to_server.is_empty() {
                             return Ok(());
                         }
-                    } else if let Err(e) = self.from_client(&mut cbuf).await {
+                    } else if let Err(e) = self.on_client_bytes(&mut cbuf).await {
                         let _ = cw.write_all(&self.to_client).await;
                         let _ = cw.shutdown().await;
                         return Err(e);
@@ -341,7 +341,7 @@ impl Session {
                         cw.write_all(&self.to_client).await?;
                         return Ok(());
                     }
-                    self.from_server(&mut sbuf)?;
+                    self.on_server_bytes(&mut sbuf)?;
                 }
                 r = cw.write_buf(&mut self.to_client), if !self.to_client.is_empty() => {
                     r?;
@@ -361,7 +361,7 @@ impl Session {
     }
 
     /// Handles every complete client message in `buf`.
-    async fn from_client(&mut self, buf: &mut BytesMut) -> Result<()> {
+    async fn on_client_bytes(&mut self, buf: &mut BytesMut) -> Result<()> {
         loop {
             if self.c_stream > 0 {
                 let n = self.c_stream.min(buf.len());
@@ -626,7 +626,7 @@ impl Session {
     }
 
     /// Handles every complete server message in `buf`, relaying rows as they come.
-    fn from_server(&mut self, buf: &mut BytesMut) -> Result<()> {
+    fn on_server_bytes(&mut self, buf: &mut BytesMut) -> Result<()> {
         loop {
             if self.s_stream > 0 {
                 let n = self.s_stream.min(buf.len());

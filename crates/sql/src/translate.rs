@@ -552,16 +552,14 @@ fn bracket_shows(text: &str, toks: &[Token]) -> Option<String> {
             continue;
         }
         let mut depth = 0i32;
-        let Some(close) = (i..toks.len()).find(|&j| {
+        let close = (i..toks.len()).find(|&j| {
             match toks[j].tok {
                 Tok::Punct('[') => depth += 1,
                 Tok::Punct(']') => depth -= 1,
                 _ => {}
             }
             depth == 0
-        }) else {
-            return None;
-        };
+        })?;
         let inner = &text[toks[i + 1].start..toks[close - 1].end];
         let select = match parse(inner) {
             Ok(Some(s)) => show_select(inner, &s).unwrap_or_else(|| {

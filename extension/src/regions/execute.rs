@@ -67,31 +67,27 @@ pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::V
         }
         Some(s @ Statement::AlterDatabasePrimaryRegion { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag("ALTER DATABASE PRIMARY REGION")
+            tag(s.tag())
         }
         Some(s @ Statement::AlterDatabaseAddRegion { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag("ALTER DATABASE ADD REGION")
+            tag(s.tag())
         }
         Some(s @ Statement::AlterDatabaseDropRegion { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag("ALTER DATABASE DROP REGION")
+            tag(s.tag())
         }
         Some(s @ Statement::AlterDatabaseSurvival { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag("ALTER DATABASE SURVIVE")
+            tag(s.tag())
         }
         Some(s @ Statement::AlterDatabasePlacement { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag("ALTER DATABASE PLACEMENT")
+            tag(s.tag())
         }
-        Some(s @ Statement::AlterDatabaseSecondaryRegion { region, .. }) => {
+        Some(s @ Statement::AlterDatabaseSecondaryRegion { .. }) => {
             run_database_statement(s, &mut effect)?;
-            tag(if region.is_some() {
-                "ALTER DATABASE SET SECONDARY REGION"
-            } else {
-                "ALTER DATABASE DROP SECONDARY REGION"
-            })
+            tag(s.tag())
         }
         Some(Statement::CreateDatabase {
             name,

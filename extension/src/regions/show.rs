@@ -2,7 +2,7 @@
 //! columns), and `SHOW …` through `multiregion.execute`.
 
 use super::catalog;
-use super::spi::{self, rows};
+use super::spi;
 use crate::error::{MrError, OrRaise};
 use mr_meta::TableLocality;
 use mr_sql::{ShowRegions, Statement, ZoneTarget};
