@@ -167,8 +167,18 @@ async fn pgmr_restarts_postgres_after_it_is_killed() {
 
 /// Runs `pgmr` with `args` and returns (exit code, stderr lines).
 fn pgmr_fails(args: &[&str]) -> (i32, Vec<String>) {
+    // Each `pgmr start` gets a SQL gateway port of its own, not the default 26257 another
+    // test's cluster may hold.
+    static NEXT_SQL_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(25500);
+    let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    if args.first().map(String::as_str) == Some("start")
+        && !args.iter().any(|a| a == "--sql-listen")
+    {
+        let port = NEXT_SQL_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        args.extend(["--sql-listen".to_string(), format!("127.0.0.1:{port}")]);
+    }
     let out = Command::new(PGMR)
-        .args(args)
+        .args(&args)
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -265,6 +275,21 @@ fn bad_flags_and_environments_fail_with_one_line() {
         ],
         &busy_addr,
     );
+    // A busy SQL gateway port, likewise.
+    assert_one_line_error(
+        &[
+            "start",
+            "--locality",
+            "region=a",
+            "--data-dir",
+            &d,
+            "--listen",
+            "127.0.0.1:21905",
+            "--sql-listen",
+            &busy_addr,
+        ],
+        &busy_addr,
+    );
     let secret = dir.path().join("secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef").unwrap();
     let d2 = dir.path().join("d2").display().to_string();
@@ -349,6 +374,7 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     let mut demo = Command::new(PGMR)
         .args(["demo", "--global", "--nodes", "3", "--no-shell"])
         .args(["--pg-port-base", "23100", "--rpc-port-base", "23200"])
+        .args(["--sql-port-base", "23300"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -372,7 +398,12 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     assert_eq!(
         urls,
         (0..3)
-            .map(|i| format!("postgres://postgres@127.0.0.1:{}/postgres", 23100 + i))
+            .map(|i| format!(
+                "postgres://postgres@127.0.0.1:{}/postgres | \
+                 postgresql://root@127.0.0.1:{}/defaultdb?sslmode=disable",
+                23100 + i,
+                23300 + i
+            ))
             .collect::<Vec<_>>()
     );
     let mut c = try_connect(23102).await.expect("node 3 serves SQL");

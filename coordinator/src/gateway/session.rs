@@ -194,9 +194,9 @@ where
         savepoints: Vec::new(),
         opaque: false,
     };
-    s.to_client.extend_from_slice(&sbuf);
-    sbuf.clear();
-    let result = s.relay(client, server, cbuf, control_rx).await;
+    // Bytes read past ReadyForQuery (none, unless PostgreSQL sent something unprompted) are the
+    // start of the relay's input, framed like the rest.
+    let result = s.relay(client, server, cbuf, sbuf, control_rx).await;
     gw.forget_cancel(s.cancel_key);
     gw.forget_session(s.backend_pid);
     result
@@ -284,6 +284,7 @@ impl Session {
         client: C,
         server: UnixStream,
         mut cbuf: BytesMut,
+        mut sbuf: BytesMut,
         mut control: tokio::sync::mpsc::UnboundedReceiver<Control>,
     ) -> Result<()>
     where
@@ -291,7 +292,10 @@ impl Session {
     {
         let (mut cr, mut cw) = tokio::io::split(client);
         let (mut sr, mut sw) = server.into_split();
-        let mut sbuf = BytesMut::with_capacity(64 * 1024);
+        sbuf.reserve(64 * 1024);
+        if !sbuf.is_empty() {
+            self.on_server_bytes(&mut sbuf)?;
+        }
         let mut client_open = true;
         // Anything the client pipelined behind its last authentication message.
         if !cbuf.is_empty() {

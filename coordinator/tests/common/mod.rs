@@ -244,7 +244,7 @@ pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&
 
 /// The SQL gateway port of the node whose PostgreSQL port is `pg_port`.
 pub fn sql_port(pg_port: u16) -> u16 {
-    pg_port + 1000
+    pg_port + 2000
 }
 
 /// Each test uses its own port block so tests can run in parallel. All test ports are below
