@@ -125,24 +125,31 @@ CONF
     fi
 }
 
-# A real three-node cluster, one node per region; pg_regress runs against node 1.
-cluster_phase() {
-    local out="$work/out-cluster" pgmr=${PGMR:-$root/target/debug/pgmr}
-    local pg_port=${REGRESS_CLUSTER_PORT:-17532}
-    echo "== phase cluster (pgmr demo --nodes 3) =="
-    run mkdir "$out"
-    "$pgmr" demo --nodes 3 --no-shell --pg-port-base "$pg_port" --rpc-port-base 27532 \
-        >"$out/demo.log" 2>&1 &
-    local demo=$!
-    local ready=
+# Starts "pgmr demo --nodes 3" with the given port flags, logging to OUT/demo.log, and waits
+# until it serves; sets $demo to its pid. Fails (after showing the log) if it does not come up.
+demo=
+start_demo() {
+    local out=$1; shift
+    "${PGMR:-$root/target/debug/pgmr}" demo --nodes 3 --no-shell "$@" >"$out/demo.log" 2>&1 &
+    demo=$!
     for _ in $(seq 1 120); do
-        if grep -q "Press Ctrl-C" "$out/demo.log" 2>/dev/null; then ready=1; break; fi
+        if grep -q "Press Ctrl-C" "$out/demo.log" 2>/dev/null; then return 0; fi
         kill -0 "$demo" 2>/dev/null || break
         sleep 0.5
     done
-    if [ -z "$ready" ]; then
-        cat "$out/demo.log"
-        kill "$demo" 2>/dev/null || true
+    cat "$out/demo.log"
+    kill "$demo" 2>/dev/null || true
+    return 1
+}
+
+# A real three-node cluster, one node per region; pg_regress runs against node 1.
+cluster_phase() {
+    local out="$work/out-cluster"
+    local pg_port=${REGRESS_CLUSTER_PORT:-17532}
+    echo "== phase cluster (pgmr demo --nodes 3) =="
+    run mkdir "$out"
+    if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27532 \
+        --sql-port-base 17832; then
         failed+=(cluster)
         return
     fi
@@ -185,22 +192,12 @@ cluster_phase() {
 # The SQL gateway, with psql and pgbench as its clients, on a cluster of its own (the MovR
 # tutorial needs a database named movr, which the cluster phase already made on its cluster).
 gateway_phase() {
-    local out="$work/out-gateway" pgmr=${PGMR:-$root/target/debug/pgmr}
+    local out="$work/out-gateway"
     local pg_port=${REGRESS_GATEWAY_PG_PORT:-17632} sql_port=${REGRESS_GATEWAY_PORT:-17732}
     echo "== phase gateway (pgmr demo --nodes 3, psql and pgbench on the SQL gateway) =="
     run mkdir "$out"
-    "$pgmr" demo --nodes 3 --no-shell --pg-port-base "$pg_port" --rpc-port-base 27632 \
-        --sql-port-base "$sql_port" >"$out/demo.log" 2>&1 &
-    local demo=$!
-    local ready=
-    for _ in $(seq 1 120); do
-        if grep -q "Press Ctrl-C" "$out/demo.log" 2>/dev/null; then ready=1; break; fi
-        kill -0 "$demo" 2>/dev/null || break
-        sleep 0.5
-    done
-    if [ -z "$ready" ]; then
-        cat "$out/demo.log"
-        kill "$demo" 2>/dev/null || true
+    if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27632 \
+        --sql-port-base "$sql_port"; then
         failed+=(gateway)
         return
     fi

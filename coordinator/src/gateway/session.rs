@@ -202,18 +202,27 @@ where
     result
 }
 
-/// Reads one whole message (during startup, where messages are small).
-async fn next_message<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Vec<u8>> {
+/// Reads one whole message of at most `max` bytes: during startup (where messages are small)
+/// and for the gateway's own queries, never for relayed traffic.
+async fn read_message<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Vec<u8>> {
     loop {
-        if let Some((_, len)) = proto::header(buf, proto::MAX_STARTUP)? {
+        if let Some((_, len)) = proto::header(buf, max)? {
             if buf.len() >= len {
                 return Ok(buf.split_to(len).to_vec());
             }
         }
         if s.read_buf(buf).await? == 0 {
-            bail!("connection closed during startup");
+            bail!("connection closed");
         }
     }
+}
+
+async fn next_message<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Vec<u8>> {
+    read_message(s, buf, proto::MAX_STARTUP).await
 }
 
 /// What the rest of pgmr may ask of a session.
@@ -1097,16 +1106,7 @@ fn md5_salted(hash_hex: &str, salt: [u8; 4]) -> String {
 }
 
 async fn next_big_message<S: AsyncRead + Unpin>(s: &mut S, buf: &mut BytesMut) -> Result<Vec<u8>> {
-    loop {
-        if let Some((_, len)) = proto::header(buf, proto::MAX_MESSAGE)? {
-            if buf.len() >= len {
-                return Ok(buf.split_to(len).to_vec());
-            }
-        }
-        if s.read_buf(buf).await? == 0 {
-            bail!("PostgreSQL closed the connection");
-        }
-    }
+    read_message(s, buf, proto::MAX_MESSAGE).await
 }
 
 /// Builds messages with `mr_pgproto`'s writers straight into an output buffer.

@@ -18,18 +18,8 @@ pub fn run_with(sql: &str, args: Vec<DatumWithOid<'_>>) {
 
 /// Every row of a query, each column as text (the query casts what is not text).
 pub fn rows(sql: &str, args: Vec<DatumWithOid<'_>>) -> Vec<Vec<Option<String>>> {
-    Spi::connect_mut(|c| {
-        let table = c.update(sql, None, &args)?;
-        let n = table.columns()?;
-        table
-            .map(|row| {
-                (1..=n)
-                    .map(|i| row.get::<String>(i))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .unwrap_or_else(|e| spi_failed(sql, e))
+    Spi::connect_mut(|c| text_rows(c.update(sql, None, &args)?))
+        .unwrap_or_else(|e| spi_failed(sql, e))
 }
 
 /// [`rows`] for a query that only reads. pgrx's read-write path gives the transaction an id
@@ -45,18 +35,7 @@ pub fn read_rows(sql: &str, args: Vec<DatumWithOid<'_>>) -> Vec<Vec<Option<Strin
     if !unsafe { pg_sys::ActiveSnapshotSet() } {
         return rows(sql, args);
     }
-    Spi::connect(|c| {
-        let table = sql.execute(c, None, &args)?;
-        let n = table.columns()?;
-        table
-            .map(|row| {
-                (1..=n)
-                    .map(|i| row.get::<String>(i))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .unwrap_or_else(|e| spi_failed(sql, e))
+    Spi::connect(|c| text_rows(sql.execute(c, None, &args)?)).unwrap_or_else(|e| spi_failed(sql, e))
 }
 
 /// [`one`] for a query that only reads (see [`read_rows`]).
@@ -77,6 +56,20 @@ pub fn one(sql: &str, args: Vec<DatumWithOid<'_>>) -> Option<String> {
 
 pub fn flag(sql: &str, args: Vec<DatumWithOid<'_>>) -> bool {
     one(sql, args).as_deref() == Some("true")
+}
+
+/// Every row of a result, each column as text.
+fn text_rows(
+    table: pgrx::spi::SpiTupleTable<'_>,
+) -> Result<Vec<Vec<Option<String>>>, pgrx::spi::SpiError> {
+    let n = table.columns()?;
+    table
+        .map(|row| {
+            (1..=n)
+                .map(|i| row.get::<String>(i))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect()
 }
 
 fn spi_failed(sql: &str, e: pgrx::spi::SpiError) -> ! {
