@@ -260,6 +260,47 @@ const BOOTSTRAP_CLIENT: ClientId = ClientId {
     incarnation: 0,
 };
 
+/// Every range as `multiregion.ranges` shows it.
+fn range_rows(s: &mr_meta::MetaState) -> Vec<mr_wire::local::RangeRow> {
+    let region = |id: u64| {
+        s.node(id)
+            .and_then(|n| mr_topology::Locality::parse(&n.locality).ok())
+            .map(|l| l.region().to_string())
+            .unwrap_or_default()
+    };
+    s.ranges()
+        .map(|r| {
+            let of = |kind| -> Vec<u64> {
+                r.replicas
+                    .iter()
+                    .filter(|x| x.kind == kind)
+                    .map(|x| x.node_id)
+                    .collect()
+            };
+            let voting = of(mr_meta::ReplicaKind::Voter);
+            let non_voting = of(mr_meta::ReplicaKind::NonVoter);
+            let lease_holder = s.lease(r.range_id).map(|l| l.holder);
+            mr_wire::local::RangeRow {
+                range_id: r.range_id,
+                database_name: r.table.database.clone(),
+                schema_name: r.table.schema.clone(),
+                table_name: r.table.table.clone(),
+                partition: r.partition.clone(),
+                lease_holder,
+                lease_holder_region: lease_holder.map(region),
+                replica_regions: voting
+                    .iter()
+                    .chain(&non_voting)
+                    .map(|id| region(*id))
+                    .collect(),
+                voting_replicas: voting,
+                non_voting_replicas: non_voting,
+                generation: r.generation,
+            }
+        })
+        .collect()
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -356,6 +397,9 @@ async fn liveness(
                 }
                 if let Err(e) = meta.reconcile(now_ms()).await {
                     tracing::debug!("metadata membership upkeep: {e}");
+                }
+                if let Err(e) = meta.reconcile_ranges(now_ms()).await {
+                    tracing::debug!("range descriptor upkeep: {e}");
                 }
             }
         });
@@ -537,6 +581,12 @@ impl Node {
                     None => Vec::new(),
                 },
             },
+            LocalRequest::Ranges => {
+                self.read(|s, _| LocalResponse::Ranges {
+                    ranges: range_rows(s),
+                })
+                .await
+            }
             LocalRequest::DatabaseConfigs => {
                 self.read(|s, _| LocalResponse::DatabaseConfigs {
                     databases: s.databases().cloned().collect(),
@@ -564,6 +614,7 @@ impl Node {
                 change,
                 config,
                 localities,
+                tables,
             } => {
                 let command = Command::SchemaChange {
                     database,
@@ -572,6 +623,7 @@ impl Node {
                     config,
                     localities,
                     at_ms: now_ms(),
+                    tables,
                 };
                 match self.meta().propose(command, WRITE_TIMEOUT).await {
                     Ok(Outcome::SchemaVersion { version }) => {
@@ -1150,6 +1202,7 @@ mod tests {
             config: None,
             localities: vec![],
             at_ms: t0,
+            tables: None,
         };
         assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
         apply(

@@ -44,6 +44,14 @@ pub fn nodes() -> Result<Vec<NodeRow>, MrError> {
     }
 }
 
+/// Every range of the cluster, read linearizably from the meta group.
+pub fn ranges() -> Result<Vec<mr_wire::local::RangeRow>, MrError> {
+    match call_meta(LocalRequest::Ranges)? {
+        LocalResponse::Ranges { ranges } => Ok(ranges),
+        other => Err(unexpected("ranges", &other)),
+    }
+}
+
 pub fn meta_group() -> Result<MetaGroup, MrError> {
     match call_meta(LocalRequest::MetaGroup)? {
         LocalResponse::MetaGroup(group) => Ok(group),
@@ -96,6 +104,7 @@ pub fn propose_schema_change(
     change: String,
     config: Option<mr_meta::DatabaseConfig>,
     localities: Vec<(mr_meta::TableRef, Option<mr_meta::TableLocality>)>,
+    tables: Vec<mr_meta::TableRef>,
 ) -> Result<u64, MrError> {
     let req = LocalRequest::ProposeSchemaChange {
         database,
@@ -103,6 +112,7 @@ pub fn propose_schema_change(
         change,
         config,
         localities,
+        tables: Some(tables),
     };
     match call_meta(req)? {
         LocalResponse::SchemaVersion { version } => Ok(version),
@@ -204,6 +214,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::SchemaLog { .. } => "schema_log",
         LocalResponse::DatabaseConfigs { .. } => "database_configs",
         LocalResponse::Restarted { .. } => "restarted",
+        LocalResponse::Ranges { .. } => "ranges",
     };
     MrError::UnexpectedResponse { request, response }
 }

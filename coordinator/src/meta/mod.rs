@@ -14,7 +14,8 @@
 //!   as placement wants it (joint consensus, one change at a time) and drops decommissioned
 //!   nodes.
 
-mod network;
+pub mod network;
+pub mod ranges;
 pub mod store;
 pub mod types;
 
@@ -82,9 +83,7 @@ impl Meta {
         }
         .validate()
         .context("bad Raft configuration")?;
-        let net = network::Network {
-            transport: transport.clone(),
-        };
+        let net = network::Network::new(transport.clone(), network::META_GROUP);
         let raft = Raft::new(me, Arc::new(config), net, log, sm)
             .await
             .context("cannot start the metadata Raft member")?;

@@ -1,7 +1,7 @@
 //! Raft messages over pgmr's transport, so they see the same simulated latency, injected
 //! faults and authentication as every other inter-node message.
 
-use super::types::{MetaNode, TypeConfig};
+use super::types::MetaNode;
 use crate::net::{RpcError, Transport};
 use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
 use openraft::error::{
@@ -12,30 +12,53 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::RaftTypeConfig;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::marker::PhantomData;
 
-/// The meta group is group 0; range groups will take other ids.
+/// The meta group is group 0; a range's group is its range id (ids start at 1).
 pub const META_GROUP: u64 = 0;
 
-pub struct Network {
+/// Raft messages of one group (`group`), for any type configuration whose nodes are
+/// addressed like the meta group's.
+pub struct Network<C> {
     pub transport: Transport,
+    pub group: u64,
+    pub config: PhantomData<C>,
 }
 
-pub struct Peer {
+impl<C> Network<C> {
+    pub fn new(transport: Transport, group: u64) -> Self {
+        Network {
+            transport,
+            group,
+            config: PhantomData,
+        }
+    }
+}
+
+pub struct Peer<C> {
     transport: Transport,
+    group: u64,
     target: u64,
     addr: String,
+    config: PhantomData<C>,
 }
 
-impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = Peer;
+impl<C> RaftNetworkFactory<C> for Network<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = MetaNode>,
+{
+    type Network = Peer<C>;
 
-    async fn new_client(&mut self, target: u64, node: &MetaNode) -> Peer {
+    async fn new_client(&mut self, target: u64, node: &MetaNode) -> Peer<C> {
         Peer {
             transport: self.transport.clone(),
+            group: self.group,
             target,
             addr: node.rpc_addr.clone(),
+            config: PhantomData,
         }
     }
 }
@@ -43,7 +66,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 type Rpc<T, E = openraft::error::Infallible> =
     Result<T, RPCError<u64, MetaNode, RaftError<u64, E>>>;
 
-impl Peer {
+impl<C> Peer<C> {
     async fn send<Req, Resp, E>(
         &self,
         kind: RaftKind,
@@ -58,7 +81,7 @@ impl Peer {
         let body =
             serde_json::to_value(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let msg = PeerRequest::Raft {
-            group: META_GROUP,
+            group: self.group,
             to: self.target,
             kind,
             body,
@@ -90,10 +113,13 @@ impl Peer {
     }
 }
 
-impl RaftNetwork<TypeConfig> for Peer {
+impl<C> RaftNetwork<C> for Peer<C>
+where
+    C: RaftTypeConfig<NodeId = u64, Node = MetaNode>,
+{
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Rpc<AppendEntriesResponse<u64>> {
         self.send(RaftKind::AppendEntries, &rpc, &option).await
@@ -101,7 +127,7 @@ impl RaftNetwork<TypeConfig> for Peer {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        rpc: InstallSnapshotRequest<C>,
         option: RPCOption,
     ) -> Rpc<InstallSnapshotResponse<u64>, InstallSnapshotError> {
         self.send(RaftKind::InstallSnapshot, &rpc, &option).await

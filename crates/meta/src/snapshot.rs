@@ -11,7 +11,8 @@ use serde::Deserialize;
 /// * 1: nodes, databases, table localities, ranges, leases, sessions.
 /// * 2: adds cluster settings and the event log.
 /// * 3: adds each database's schema log.
-pub const FORMAT: u32 = 3;
+/// * 4: adds each database's table set and the range id counter.
+pub const FORMAT: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -34,11 +35,12 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Formats 2 and 3 only added fields; an older format reads as a format 3 state with
-        // no settings, an empty event log and no schema logs (their `#[serde(default)]`). A
+        // Formats 2 to 4 only added fields; an older format reads as a format 4 state with
+        // no settings, an empty event log, no schema logs and no table sets (their
+        // `#[serde(default)]`). A
         // format that changes a field's shape adds an arm here that reads the old shape and
         // converts it.
-        1..=3 => Ok(serde_json::from_value(env.state)?),
+        1..=4 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

@@ -46,6 +46,18 @@ pub enum Command {
     DropTable {
         table: TableRef,
     },
+    /// Creates the range for `(table, partition)` with the next range id, unless one exists
+    /// already (then its descriptor is returned unchanged): two allocators racing to create
+    /// it get the same range.
+    CreateRange {
+        table: TableRef,
+        partition: Option<String>,
+        replicas: Vec<Replica>,
+    },
+    /// Removes a range whose table or partition is gone, with its lease.
+    DropRange {
+        range_id: RangeId,
+    },
     /// Creates (`expected_generation: None`) or replaces a range descriptor, compare-and-set
     /// on its generation so that two concurrent replica changes cannot both win.
     PutRange {
@@ -80,6 +92,10 @@ pub enum Command {
         localities: Vec<(TableRef, Option<TableLocality>)>,
         /// When the change was proposed (Unix ms, the proposer's clock).
         at_ms: u64,
+        /// Every table of the database after the change (its replicated tables, each with
+        /// its ranges); `None` from proposers that do not send it: the set is unchanged.
+        #[serde(default)]
+        tables: Option<Vec<TableRef>>,
     },
     /// A node has applied its database's schema changes up to `version` to its PostgreSQL.
     SchemaApplied {
@@ -219,6 +235,9 @@ pub enum Outcome {
     Lease {
         lease: Lease,
     },
+    Range {
+        range: RangeDescriptor,
+    },
     /// A schema change committed as this version of its database's schema log.
     SchemaVersion {
         version: u64,
@@ -263,6 +282,13 @@ pub struct MetaState {
     /// Added in snapshot format 3; empty when read from formats 1 and 2.
     #[serde(default)]
     schemas: BTreeMap<String, SchemaLog>,
+    /// Every table of each cluster-wide database, whether or not it has a locality. Added in
+    /// snapshot format 4; empty when read from older formats.
+    #[serde(default)]
+    catalog: BTreeMap<String, std::collections::BTreeSet<TableRef>>,
+    /// The next range id to allocate (ids start at 1). Added in snapshot format 4.
+    #[serde(default)]
+    next_range_id: RangeId,
 }
 
 impl MetaState {
@@ -298,6 +324,16 @@ impl MetaState {
     }
     pub fn lease(&self, id: RangeId) -> Option<&Lease> {
         self.leases.get(&id)
+    }
+    /// Every range, by id.
+    pub fn ranges(&self) -> impl Iterator<Item = &RangeDescriptor> {
+        self.ranges.values()
+    }
+    /// Every cluster-wide database whose table set is known, with its tables.
+    pub fn catalog(
+        &self,
+    ) -> impl Iterator<Item = (&String, &std::collections::BTreeSet<TableRef>)> {
+        self.catalog.iter()
     }
     pub fn cluster_setting(&self, name: &str) -> Option<&str> {
         self.settings.get(name).map(String::as_str)
@@ -443,6 +479,7 @@ impl MetaState {
                         database: database.clone(),
                     })?;
                 self.tables.retain(|t, _| &t.database != database);
+                self.drop_database_data(database);
                 Ok(Outcome::Done)
             }
             Command::PutTableLocality { table, locality } => {
@@ -456,6 +493,45 @@ impl MetaState {
             }
             Command::DropTable { table } => {
                 self.tables.remove(table);
+                Ok(Outcome::Done)
+            }
+            Command::CreateRange {
+                table,
+                partition,
+                replicas,
+            } => {
+                if let Some(existing) = self
+                    .ranges
+                    .values()
+                    .find(|r| &r.table == table && &r.partition == partition)
+                {
+                    return Ok(Outcome::Range {
+                        range: existing.clone(),
+                    });
+                }
+                for r in replicas {
+                    self.live_node(r.node_id)?;
+                }
+                // Past every id in use, also those of descriptors put with explicit ids.
+                let id = self
+                    .next_range_id
+                    .max(self.ranges.keys().next_back().map_or(1, |k| k + 1));
+                let range = RangeDescriptor {
+                    range_id: id,
+                    table: table.clone(),
+                    partition: partition.clone(),
+                    replicas: replicas.clone(),
+                    generation: 1,
+                };
+                self.next_range_id = id + 1;
+                self.ranges.insert(range.range_id, range.clone());
+                Ok(Outcome::Range { range })
+            }
+            Command::DropRange { range_id } => {
+                self.ranges.remove(range_id).ok_or(MetaError::NoSuchRange {
+                    range_id: *range_id,
+                })?;
+                self.leases.remove(range_id);
                 Ok(Outcome::Done)
             }
             Command::PutRange {
@@ -540,6 +616,7 @@ impl MetaState {
                 config,
                 localities,
                 at_ms,
+                tables,
             } => self.schema_change(
                 database,
                 *expected_version,
@@ -547,6 +624,7 @@ impl MetaState {
                 config.as_ref(),
                 localities,
                 *at_ms,
+                tables.as_deref(),
             ),
             Command::SchemaApplied {
                 node_id,
@@ -578,6 +656,7 @@ impl MetaState {
         config: Option<&DatabaseConfig>,
         localities: &[(TableRef, Option<TableLocality>)],
         at_ms: u64,
+        tables: Option<&[TableRef]>,
     ) -> Result<Outcome, MetaError> {
         let current = self.schemas.get(database).map_or(0, |l| l.version);
         if current != expected_version {
@@ -600,6 +679,13 @@ impl MetaState {
                     region: c.primary_region.clone(),
                 });
             }
+        }
+        if let Some(t) = tables
+            .into_iter()
+            .flatten()
+            .find(|t| t.database != database)
+        {
+            return Err(wrong(&t.database));
         }
         for (t, l) in localities {
             if t.database != database {
@@ -626,6 +712,10 @@ impl MetaState {
                 None => self.tables.remove(t),
             };
         }
+        if let Some(tables) = tables {
+            self.catalog
+                .insert(database.to_string(), tables.iter().cloned().collect());
+        }
         let log = self.schemas.entry(database.to_string()).or_default();
         log.version += 1;
         log.changes.push(SchemaChange {
@@ -636,6 +726,24 @@ impl MetaState {
         Ok(Outcome::SchemaVersion {
             version: log.version,
         })
+    }
+}
+
+impl MetaState {
+    /// Forgets a dropped database's tables and ranges (its schema log stays: a database
+    /// created again under the name continues it).
+    fn drop_database_data(&mut self, database: &str) {
+        self.catalog.remove(database);
+        let gone: Vec<RangeId> = self
+            .ranges
+            .values()
+            .filter(|r| r.table.database == database)
+            .map(|r| r.range_id)
+            .collect();
+        for id in gone {
+            self.ranges.remove(&id);
+            self.leases.remove(&id);
+        }
     }
 }
 

@@ -367,8 +367,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 4, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 4 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 5, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 5 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -439,6 +439,7 @@ fn schema_change(
         config,
         localities,
         at_ms: T0 + 100 + expected_version,
+        tables: None,
     }
 }
 
@@ -505,6 +506,7 @@ fn schema_changes_are_compare_and_set_on_the_version() {
         config: None,
         localities: vec![],
         at_ms: T0,
+        tables: None,
     };
     assert_eq!(
         propose(&mut s, 5, other),
@@ -691,7 +693,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 3);
+    assert_eq!(snapshot::FORMAT, 4);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
@@ -743,7 +745,7 @@ fn the_event_log_records_each_effect_once_in_order() {
 }
 
 /// Writes the golden snapshot of the current format, by hand when the format was defined;
-/// older formats' files (v1, v2) are never regenerated:
+/// older formats' files (v1 to v3) are never regenerated:
 /// `MR_META_WRITE_GOLDEN=1 cargo test -p mr-meta --test state_machine write_golden`.
 #[test]
 fn write_golden() {
@@ -752,7 +754,7 @@ fn write_golden() {
     }
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/snapshot-v3.json"
+        "/tests/fixtures/snapshot-v4.json"
     );
     use ReplicaKind::*;
     let mut s = cluster();
@@ -811,6 +813,124 @@ fn write_golden() {
     );
     propose(&mut s, 8, applied(1, 2));
     propose(&mut s, 9, applied(2, 1));
+    let mut with_tables = schema_change(2, r#"{"op":"create_table"}"#, Some(movr()), vec![]);
+    if let Command::SchemaChange { tables, .. } = &mut with_tables {
+        *tables = Some(vec![table()]);
+    }
+    propose(&mut s, 10, with_tables);
+    propose(
+        &mut s,
+        11,
+        Command::CreateRange {
+            table: table(),
+            partition: Some("us-west1".into()),
+            replicas: vec![replica(2, Voter)],
+        },
+    );
     let v: serde_json::Value = serde_json::from_slice(&snapshot::encode(&s)).unwrap();
     std::fs::write(path, serde_json::to_string_pretty(&v).unwrap() + "\n").unwrap();
+}
+
+fn replica(node_id: u64, kind: ReplicaKind) -> Replica {
+    Replica { node_id, kind }
+}
+
+/// Format 4 (table sets, range ids) reads back from its golden file.
+#[test]
+fn format_4_snapshots_stay_readable() {
+    let golden = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshot-v4.json"
+    ))
+    .expect("the golden snapshot is committed");
+    let s = snapshot::decode(&golden).expect("format 4 decodes");
+    let tables: Vec<_> = s.catalog().collect();
+    assert_eq!(tables.len(), 1);
+    assert!(tables[0].1.contains(&table()));
+    let created = s
+        .ranges()
+        .find(|r| r.partition.as_deref() == Some("us-west1"))
+        .expect("the created range");
+    assert_eq!(created.range_id, 11, "past the range put with id 10");
+    assert_eq!(
+        snapshot::decode(&snapshot::encode(&s)).unwrap(),
+        s,
+        "round trip"
+    );
+}
+
+/// Creating a range allocates the next id; creating it again (two allocators racing)
+/// returns the existing range instead of a second one; dropping it removes its lease.
+#[test]
+fn ranges_are_created_once_per_table_partition_and_dropped_with_their_lease() {
+    use ReplicaKind::*;
+    let mut s = cluster();
+    let create = |partition: &str, node: u64| Command::CreateRange {
+        table: table(),
+        partition: Some(partition.into()),
+        replicas: vec![replica(node, Voter)],
+    };
+    let first = propose(&mut s, 1, create("us-east1", 1));
+    let Outcome::Range { range } = first else {
+        panic!("{first:?}")
+    };
+    assert_eq!((range.range_id, range.generation), (1, 1));
+    let again = propose(&mut s, 2, create("us-east1", 2));
+    assert_eq!(
+        again,
+        Outcome::Range {
+            range: range.clone()
+        },
+        "the same range"
+    );
+    let Outcome::Range { range: other } = propose(&mut s, 3, create("us-west1", 2)) else {
+        panic!()
+    };
+    assert_eq!(other.range_id, 2);
+    let lease = Command::AcquireLease {
+        range_id: 1,
+        holder: 1,
+        start_ms: T0,
+        expiration_ms: T0 + 9_000,
+        expected_sequence: None,
+    };
+    assert!(matches!(propose(&mut s, 4, lease), Outcome::Lease { .. }));
+    assert_eq!(
+        propose(&mut s, 5, Command::DropRange { range_id: 1 }),
+        Outcome::Done
+    );
+    assert_eq!(s.range(1), None);
+    assert_eq!(s.lease(1), None);
+    assert_eq!(s.ranges().count(), 1);
+    let out = propose(&mut s, 6, Command::DropRange { range_id: 1 });
+    assert_eq!(
+        out,
+        Outcome::Rejected {
+            error: MetaError::NoSuchRange { range_id: 1 }
+        }
+    );
+    let Outcome::Range { range: third } = propose(&mut s, 7, create("us-east1", 1)) else {
+        panic!()
+    };
+    assert_eq!(third.range_id, 3, "ids are never reused");
+}
+
+/// A schema change that names the database's tables replaces its table set; one that does
+/// not leaves it alone.
+#[test]
+fn schema_changes_carry_the_table_set() {
+    let mut s = cluster();
+    let with = |v: u64, tables: Option<Vec<TableRef>>| {
+        let mut c = schema_change(v, "x", Some(movr()), vec![]);
+        if let Command::SchemaChange { tables: t, .. } = &mut c {
+            *t = tables;
+        }
+        c
+    };
+    propose(&mut s, 1, with(0, Some(vec![table()])));
+    propose(&mut s, 2, with(1, None));
+    let set: Vec<_> = s.catalog().flat_map(|(_, t)| t.iter().cloned()).collect();
+    assert_eq!(set, vec![table()]);
+    propose(&mut s, 3, with(2, Some(vec![])));
+    assert_eq!(s.catalog().flat_map(|(_, t)| t.iter()).count(), 0);
 }

@@ -58,6 +58,9 @@ pub enum LocalRequest {
         config: Option<DatabaseConfig>,
         #[serde(default)]
         localities: Vec<(TableRef, Option<TableLocality>)>,
+        /// Every table of the database after the change; `None`: unchanged.
+        #[serde(default)]
+        tables: Option<Vec<TableRef>>,
     },
     /// Waits until every live node other than this one has applied `database`'s schema up
     /// to `version`: [`LocalResponse::Done`], or after `timeout_ms` an error naming the
@@ -80,6 +83,8 @@ pub enum LocalRequest {
     RestartIdleReaders {
         backend_pids: Vec<i32>,
     },
+    /// Every range of the cluster (`SHOW RANGES`), read linearizably: [`LocalResponse::Ranges`].
+    Ranges,
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -163,6 +168,9 @@ pub enum LocalResponse {
     /// The backends whose idle transaction was restarted.
     Restarted {
         backend_pids: Vec<i32>,
+    },
+    Ranges {
+        ranges: Vec<RangeRow>,
     },
     /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
     /// and the same request may simply be sent again. `ambiguous`: a write may or may not
@@ -315,6 +323,26 @@ pub struct PeerStatus {
     pub rtt_ms: Option<f64>,
 }
 
+/// One range as `multiregion.ranges` shows it (CockroachDB's `SHOW RANGES` columns).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RangeRow {
+    pub range_id: u64,
+    pub database_name: String,
+    pub schema_name: String,
+    pub table_name: String,
+    /// The region of a REGIONAL BY ROW partition; `None` for a whole table.
+    pub partition: Option<String>,
+    pub lease_holder: Option<u64>,
+    pub lease_holder_region: Option<String>,
+    /// Voters in lease preference order.
+    pub voting_replicas: Vec<u64>,
+    pub non_voting_replicas: Vec<u64>,
+    /// The regions of the replicas, in the order of `voting_replicas` then
+    /// `non_voting_replicas`.
+    pub replica_regions: Vec<String>,
+    pub generation: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +366,7 @@ mod tests {
                     column: "crdb_region".into(),
                 }),
             )],
+            tables: None,
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(
@@ -351,7 +380,8 @@ mod tests {
                 "localities": [[
                     {"database": "movr", "schema": "public", "table": "users"},
                     {"kind": "regional_by_row", "column": "crdb_region"}
-                ]]
+                ]],
+                "tables": null
             })
         );
         assert_eq!(serde_json::from_value::<LocalRequest>(v).unwrap(), req);

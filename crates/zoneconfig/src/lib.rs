@@ -21,6 +21,7 @@
 //! The SQL forms follow CockroachDB's `SHOW ZONE CONFIGURATION` output, so the two can be
 //! compared line by line.
 
+pub mod allocate;
 pub mod ddl;
 
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
@@ -217,5 +218,34 @@ impl ZoneConfig {
             let _ = write!(s, "\t{f}{}", if i == last { "" } else { ",\n" });
         }
         s
+    }
+}
+
+/// The ranges of a table and the zone configuration of each: one for the whole table, or one
+/// per region partition of a REGIONAL BY ROW table (`Some(region)`). `db` is `None` for a
+/// database without regions (CockroachDB's default configuration); a table of a
+/// multi-region database without a recorded locality is REGIONAL BY TABLE IN PRIMARY REGION,
+/// as CockroachDB makes every table there. GLOBAL tables are placed and leased like
+/// REGIONAL BY TABLE IN PRIMARY REGION until non-blocking reads exist.
+pub fn table_ranges(
+    db: Option<&DatabaseConfig>,
+    locality: Option<&TableLocality>,
+) -> Result<Vec<(Option<String>, ZoneConfig)>, ZoneConfigError> {
+    let Some(db) = db else {
+        return Ok(vec![(None, allocate::cluster_default())]);
+    };
+    let default = TableLocality::RegionalByTable { region: None };
+    match locality.unwrap_or(&default) {
+        TableLocality::RegionalByRow { .. } => db
+            .regions
+            .iter()
+            .map(|r| {
+                Ok((
+                    Some(r.clone()),
+                    zone_config(db, Target::Partition { region: r })?,
+                ))
+            })
+            .collect(),
+        l => Ok(vec![(None, zone_config(db, Target::Table(l))?)]),
     }
 }

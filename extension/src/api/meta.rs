@@ -222,6 +222,81 @@ fn event_row(e: EventRow) -> Result<EventLogRow, MrError> {
 
 // The views are the names users query; they are created after the functions they read, and
 // `set_cluster_setting` loses its default EXECUTE grant to PUBLIC.
+/// The columns of `ranges_info()`, in order.
+type RangeInfoRow = (
+    i64,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Vec<i64>,
+    Vec<i64>,
+    Vec<String>,
+    i64,
+);
+
+/// Every range of the cluster (CockroachDB's `SHOW RANGES`), ordered by range id; the view
+/// `multiregion.ranges` shows it.
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "multiregion")]
+fn ranges_info() -> TableIterator<
+    'static,
+    (
+        name!(range_id, i64),
+        name!(database_name, String),
+        name!(schema_name, String),
+        name!(table_name, String),
+        name!(partition, Option<String>),
+        name!(lease_holder, Option<i64>),
+        name!(lease_holder_region, Option<String>),
+        name!(voting_replicas, Vec<i64>),
+        name!(non_voting_replicas, Vec<i64>),
+        name!(replica_regions, Vec<String>),
+        name!(generation, i64),
+    ),
+> {
+    TableIterator::new(range_rows().or_raise())
+}
+
+fn range_rows() -> Result<Vec<RangeInfoRow>, MrError> {
+    let ids = |field: &'static str, v: Vec<u64>| -> Result<Vec<i64>, MrError> {
+        v.into_iter().map(|id| bigint(field, id)).collect()
+    };
+    let mut ranges = sidecar::ranges()?;
+    ranges.sort_by_key(|r| r.range_id);
+    ranges
+        .into_iter()
+        .map(|r| {
+            Ok((
+                bigint("range_id", r.range_id)?,
+                r.database_name,
+                r.schema_name,
+                r.table_name,
+                r.partition,
+                r.lease_holder
+                    .map(|l| bigint("lease_holder", l))
+                    .transpose()?,
+                r.lease_holder_region,
+                ids("voting_replicas", r.voting_replicas)?,
+                ids("non_voting_replicas", r.non_voting_replicas)?,
+                r.replica_regions,
+                bigint("generation", r.generation)?,
+            ))
+        })
+        .collect()
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW multiregion.ranges AS
+    SELECT * FROM multiregion.ranges_info() ORDER BY range_id;
+"#,
+    name = "ranges_view",
+    requires = [ranges_info]
+);
+
 extension_sql!(
     r#"
 CREATE VIEW multiregion.nodes AS

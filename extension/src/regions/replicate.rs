@@ -26,6 +26,19 @@ struct ChangeRecord {
     auto_rehoming: bool,
 }
 
+/// The database's replicated tables: every permanent table that is not a partition (a REGIONAL
+/// BY ROW table's partitions are ranges of their table), outside PostgreSQL's and the
+/// extension's own schemas (global key tables are derived on each node) and not the
+/// extension's.
+const TABLES: &str = "SELECT n.nspname::text, c.relname::text \
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+    WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
+      AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
+      AND n.nspname NOT LIKE 'pg\\_%' \
+      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d \
+        WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e') \
+    ORDER BY 1, 2";
+
 /// Proposes `sql` as the change after `version`, then waits for every other live node.
 /// Without pgmr (`multiregion.sidecar_socket` unset) the node is on its own: nothing to do.
 pub(super) fn propose(
@@ -58,12 +71,23 @@ pub(super) fn propose(
         })
         .collect();
     let expected = u64::try_from(version).unwrap_or(0);
+    let tables = spi::rows(TABLES, vec![])
+        .into_iter()
+        .filter_map(|r| {
+            Some(TableRef {
+                database: database.clone(),
+                schema: r.first()?.clone()?,
+                table: r.get(1)?.clone()?,
+            })
+        })
+        .collect();
     let new = sidecar::propose_schema_change(
         database.clone(),
         expected,
         change,
         config.cloned(),
         localities,
+        tables,
     )?;
     // The change is committed: a node that is slow to apply it gets a warning, not an error
     // that would undo the change here while the others go on to apply it.

@@ -1,0 +1,125 @@
+//! Range descriptors kept as the declarations want them, by the meta group's leader.
+//!
+//! Each pass derives, for every table of every cluster-wide database, its ranges and their
+//! zone configurations ([`mr_zoneconfig::table_ranges`]), places each with
+//! [`mr_zoneconfig::allocate::allocate`] on the nodes that may hold replicas, and proposes
+//! what differs: a missing range is created, a range whose replicas should change gets a new
+//! generation (compare-and-set, so a racing leader cannot undo it), a range whose table or
+//! partition is gone is dropped. Region, survival, placement and locality changes, nodes
+//! joining, dying or leaving all reach the descriptors this way; nothing else writes them.
+
+use super::Meta;
+use mr_meta::{Command, MetaState, NodeStatus, RangeDescriptor, ReplicaKind, TableRef};
+use mr_zoneconfig::allocate::{allocate, same_replicas, Candidate};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// At most this many descriptor changes per pass, so one pass cannot flood the meta log.
+const CHANGES_PER_PASS: usize = 32;
+
+/// One proposed change of the descriptors.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RangeChange {
+    Create {
+        table: TableRef,
+        partition: Option<String>,
+        replicas: Vec<mr_meta::Replica>,
+    },
+    Replace {
+        range: RangeDescriptor,
+    },
+    Drop {
+        range_id: u64,
+    },
+}
+
+/// What the descriptors should become, as changes to `state`'s, given the time `now_ms`.
+pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
+    let candidates: Vec<Candidate> = state
+        .nodes()
+        .filter(|n| matches!(n.status(now_ms), NodeStatus::Live | NodeStatus::Suspect))
+        .filter_map(|n| {
+            let l = mr_topology::Locality::parse(&n.locality).ok()?;
+            Some(Candidate {
+                node_id: n.node_id,
+                region: l.region().to_string(),
+                zone: l.zone().unwrap_or_default().to_string(),
+            })
+        })
+        .collect();
+    let mut changes = Vec::new();
+    let mut wanted: BTreeSet<(TableRef, Option<String>)> = BTreeSet::new();
+    for (database, tables) in state.catalog() {
+        let config = state.database(database);
+        for table in tables {
+            let Ok(ranges) = mr_zoneconfig::table_ranges(config, state.table_locality(table))
+            else {
+                continue;
+            };
+            for (partition, zone) in ranges {
+                wanted.insert((table.clone(), partition.clone()));
+                let existing = state
+                    .ranges()
+                    .find(|r| &r.table == table && r.partition == partition);
+                let current = existing.map(|r| r.replicas.as_slice()).unwrap_or(&[]);
+                let a = allocate(&zone, &candidates, current);
+                if a.replicas.iter().all(|r| r.kind != ReplicaKind::Voter) {
+                    continue; // no node can hold it yet
+                }
+                match existing {
+                    None => changes.push(RangeChange::Create {
+                        table: table.clone(),
+                        partition,
+                        replicas: a.replicas,
+                    }),
+                    Some(r) if !same_replicas(&r.replicas, &a.replicas) => {
+                        let mut next = r.clone();
+                        next.replicas = a.replicas;
+                        changes.push(RangeChange::Replace { range: next });
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    for r in state.ranges() {
+        if !wanted.contains(&(r.table.clone(), r.partition.clone())) {
+            changes.push(RangeChange::Drop {
+                range_id: r.range_id,
+            });
+        }
+    }
+    changes.truncate(CHANGES_PER_PASS);
+    changes
+}
+
+impl Meta {
+    /// One pass of the descriptor upkeep; does nothing on a node that is not the leader.
+    pub async fn reconcile_ranges(&self, now_ms: u64) -> anyhow::Result<()> {
+        if self.metrics().state != openraft::ServerState::Leader {
+            return Ok(());
+        }
+        let changes = self.read(|s| plan(s, now_ms));
+        for change in changes {
+            tracing::info!(?change, "range descriptor change");
+            let command = match change {
+                RangeChange::Create {
+                    table,
+                    partition,
+                    replicas,
+                } => Command::CreateRange {
+                    table,
+                    partition,
+                    replicas,
+                },
+                RangeChange::Replace { range } => Command::PutRange {
+                    expected_generation: Some(range.generation),
+                    range,
+                },
+                RangeChange::Drop { range_id } => Command::DropRange { range_id },
+            };
+            self.propose(command, Duration::from_secs(5)).await?;
+        }
+        Ok(())
+    }
+}
