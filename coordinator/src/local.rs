@@ -80,7 +80,14 @@ async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
         Ok(req) => node.local_request(req).await,
         Err(e) => LocalResponse::error(format!("malformed request: {e}")),
     };
-    wire.send(Bytes::from(serde_json::to_vec(&response)?))
-        .await?;
+    let sent = wire.send(Bytes::from(serde_json::to_vec(&response)?)).await;
+    if sent.is_err() {
+        // A backend that replicated a write and is gone before hearing so will not commit
+        // it locally: the range must not serve writes until its applier has applied it.
+        if let LocalResponse::Replicated { range_id, index } = response {
+            node.abandon_replicated(range_id, index);
+        }
+    }
+    sent?;
     Ok(())
 }

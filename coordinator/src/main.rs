@@ -15,6 +15,7 @@ mod meta;
 mod net;
 mod node;
 mod postgres;
+mod range;
 mod schema;
 mod status;
 

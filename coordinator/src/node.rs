@@ -39,6 +39,8 @@ pub struct Node {
     pg: Arc<PgState>,
     /// Set once the meta group member has started; before that, Raft traffic is refused.
     meta: OnceLock<Arc<Meta>>,
+    /// The range groups, started right after the meta group.
+    ranges: OnceLock<Arc<crate::range::Ranges>>,
     /// The schema-change applier's progress, per database (`pgmr status`).
     schema: Arc<crate::schema::Progress>,
     /// The SQL gateway, once it serves.
@@ -143,6 +145,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         transport: transport.clone(),
         pg: Arc::new(PgState::default()),
         meta: OnceLock::new(),
+        ranges: OnceLock::new(),
         schema: Arc::default(),
         gateway: OnceLock::new(),
         started: Instant::now(),
@@ -189,6 +192,17 @@ pub async fn run(args: StartArgs) -> Result<()> {
         fatal.clone(),
         decommissioned.clone(),
     ));
+
+    let ranges = crate::range::Ranges::open(
+        &data.root,
+        node.id(),
+        transport.clone(),
+        meta.clone(),
+        pg_cfg.clone(),
+        node.pg.clone(),
+    )?;
+    let _ = node.ranges.set(ranges.clone());
+    tokio::spawn(ranges.run(stop.clone()));
 
     // The applier waits for PostgreSQL to be ready (and ready again after a restart) itself.
     let applier = crate::schema::Applier {
@@ -520,6 +534,35 @@ impl Node {
             .expect("the meta group starts before requests are served")
     }
 
+    /// See [`crate::range::Ranges::abandon`].
+    pub fn abandon_replicated(&self, range_id: u64, index: u64) {
+        self.ranges().abandon(range_id, index);
+    }
+
+    fn ranges(&self) -> &Arc<crate::range::Ranges> {
+        self.ranges
+            .get()
+            .expect("the range groups start before requests are served")
+    }
+
+    /// Every range replica's progress: this node's own, and each other node's as it reports.
+    async fn range_progress(&self) -> Vec<mr_wire::local::RangeProgress> {
+        let me = self.id();
+        let peers: Vec<String> = self.meta().read(|s| {
+            s.nodes()
+                .filter(|n| n.node_id != me && !n.decommissioned)
+                .map(|n| n.rpc_addr.clone())
+                .collect()
+        });
+        let mut all = self.ranges().progress();
+        let asks = peers.iter().map(|a| self.ranges().remote_progress(a));
+        for r in futures::future::join_all(asks).await {
+            all.extend(r);
+        }
+        all.sort_by_key(|p| (p.range_id, p.node_id));
+        all
+    }
+
     fn info(&self) -> NodeInfo {
         let id = self.identity.lock().expect("identity lock").clone();
         let me = self.membership.me();
@@ -586,6 +629,38 @@ impl Node {
                     ranges: range_rows(s),
                 })
                 .await
+            }
+            LocalRequest::RangeProgress => LocalResponse::RangeProgress {
+                replicas: self.range_progress().await,
+            },
+            LocalRequest::ReplicateTxn {
+                database,
+                targets,
+                txn_id,
+                schema_version,
+                txn_start_ms,
+                changes,
+            } => {
+                let write = crate::range::TxnWrite {
+                    txn_id,
+                    origin: self.id(),
+                    schema_version,
+                    changes,
+                    at_ms: now_ms(),
+                };
+                match self
+                    .ranges()
+                    .replicate(database, targets, write, txn_start_ms)
+                    .await
+                {
+                    Ok(Some((range_id, index))) => LocalResponse::Replicated { range_id, index },
+                    Ok(None) => LocalResponse::NotReplicated,
+                    Err(e) => crate::range::write_error(e),
+                }
+            }
+            LocalRequest::AbandonTxn { range_id, index } => {
+                self.ranges().abandon(range_id, index);
+                LocalResponse::Done
             }
             LocalRequest::DatabaseConfigs => {
                 self.read(|s, _| LocalResponse::DatabaseConfigs {
@@ -1126,8 +1201,24 @@ impl Handler for Node {
                     meta, cluster_id, members, rpc_addr, sql_addr, locality, token,
                 ))
             }
-            PeerRequest::Raft { to, kind, body, .. } => {
-                Box::pin(async move { meta.serve_raft(to, kind, body).await })
+            PeerRequest::Raft {
+                group: 0,
+                to,
+                kind,
+                body,
+            } => Box::pin(async move { meta.serve_raft(to, kind, body).await }),
+            PeerRequest::Raft {
+                group,
+                to,
+                kind,
+                body,
+            } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_raft(group, to, kind, body).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::RangeProgress => {
+                let ranges = self.ranges.get().map(|r| r.progress()).unwrap_or_default();
+                Box::pin(async move { PeerResponse::RangeProgress { ranges } })
             }
             PeerRequest::MetaPropose { proposal } => {
                 Box::pin(async move { meta.serve_propose(proposal).await })

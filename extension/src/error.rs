@@ -108,6 +108,12 @@ pub enum MrError {
     SchemaGap { have: i64, got: i64 },
     #[error("malformed schema change: {0}")]
     BadChange(String),
+    /// A replicated write that cannot be served on this node as things are.
+    #[error("{message}")]
+    WriteNotServed { message: String, hint: String },
+    /// A replicated write was requested inside PREPARE TRANSACTION.
+    #[error("PREPARE TRANSACTION is not supported for transactions that write replicated tables")]
+    PrepareReplicated,
 }
 
 /// PostgreSQL's encoding of a five-character SQLSTATE (MAKE_SQLSTATE).
@@ -134,6 +140,9 @@ impl MrError {
             MrError::Timeout { .. } | MrError::Broken { .. } => ERRCODE_CONNECTION_FAILURE,
             MrError::Interrupted => ERRCODE_QUERY_CANCELED,
             MrError::Sidecar(_) => ERRCODE_SYSTEM_ERROR,
+            MrError::WriteNotServed { .. } | MrError::PrepareReplicated => {
+                ERRCODE_FEATURE_NOT_SUPPORTED
+            }
             MrError::Retryable(_) => ERRCODE_T_R_SERIALIZATION_FAILURE,
             MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             MrError::NotSuperuser => ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -165,6 +174,7 @@ impl MrError {
     pub fn full_hint(&self) -> Option<String> {
         match self {
             MrError::Ddl(e) => e.hint.clone(),
+            MrError::WriteNotServed { hint, .. } => Some(hint.clone()),
             MrError::OtherDatabase { database, .. } => Some(format!(
                 "connect to database {database} and run the statement there"
             )),

@@ -9,6 +9,7 @@ mod error;
 mod gucs;
 mod hooks;
 mod regions;
+mod replication;
 mod rewrite;
 mod sidecar;
 
@@ -24,6 +25,7 @@ pub extern "C-unwind" fn _PG_init() {
     require_shared_preload();
     gucs::init();
     hooks::init();
+    replication::init();
 }
 
 /// The settings are postmaster-level and every backend must see the same ones, so loading the

@@ -44,6 +44,56 @@ pub fn nodes() -> Result<Vec<NodeRow>, MrError> {
     }
 }
 
+/// What replicating a transaction's changes came to.
+pub enum Replication {
+    /// Committed in the range's Raft log as entry `index`.
+    Replicated { range_id: u64, index: u64 },
+    /// Replication is off, or the tables are not replicated.
+    Off,
+}
+
+/// Longest wait for a replicated commit: pgmr answers within 10 s for a leader and 10 s for
+/// the quorum and the local apply order, so this only guards against a stuck pgmr.
+const REPLICATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Asks pgmr to replicate a transaction's row changes before it commits here. Not
+/// interruptible: a cancel cannot take back a write a quorum may already hold; pgmr bounds
+/// the wait.
+pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
+    let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
+    match call_local(&path, &req, REPLICATE_TIMEOUT, || true)? {
+        LocalResponse::Replicated { range_id, index } => {
+            Ok(Replication::Replicated { range_id, index })
+        }
+        LocalResponse::NotReplicated => Ok(Replication::Off),
+        LocalResponse::Unsupported { message, hint } => {
+            Err(MrError::WriteNotServed { message, hint })
+        }
+        LocalResponse::Error {
+            message,
+            ambiguous: true,
+            ..
+        } => Err(MrError::Ambiguous(message)),
+        LocalResponse::Error {
+            message,
+            retryable: true,
+            ..
+        } => Err(MrError::Retryable(message)),
+        LocalResponse::Error { message, .. } => Err(MrError::Sidecar(message)),
+        other => Err(unexpected("replicate_txn", &other)),
+    }
+}
+
+/// Tells pgmr that a replicated transaction did not commit here.
+pub fn abandon_txn(range_id: u64, index: u64) -> Result<(), MrError> {
+    let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
+    let req = LocalRequest::AbandonTxn { range_id, index };
+    match call_local(&path, &req, Duration::from_secs(5), || true)? {
+        LocalResponse::Done => Ok(()),
+        other => Err(unexpected("abandon_txn", &other)),
+    }
+}
+
 /// Every range of the cluster, read linearizably from the meta group.
 pub fn ranges() -> Result<Vec<mr_wire::local::RangeRow>, MrError> {
     match call_meta(LocalRequest::Ranges)? {
@@ -215,6 +265,10 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::DatabaseConfigs { .. } => "database_configs",
         LocalResponse::Restarted { .. } => "restarted",
         LocalResponse::Ranges { .. } => "ranges",
+        LocalResponse::RangeProgress { .. } => "range_progress",
+        LocalResponse::Replicated { .. } => "replicated",
+        LocalResponse::NotReplicated => "not_replicated",
+        LocalResponse::Unsupported { .. } => "unsupported",
     };
     MrError::UnexpectedResponse { request, response }
 }

@@ -91,6 +91,10 @@ pub struct RangeDescriptor {
     pub replicas: Vec<Replica>,
     /// Bumped on every change; updates name the generation they replace.
     pub generation: u64,
+    /// The one node that initialized (or is to initialize) the range's Raft group, recorded
+    /// by compare-and-set so that a range is never initialized twice.
+    #[serde(default)]
+    pub bootstrapped_by: Option<NodeId>,
 }
 
 /// The right to serve a range's reads and writes until `expiration_ms`.

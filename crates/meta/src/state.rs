@@ -54,6 +54,11 @@ pub enum Command {
         partition: Option<String>,
         replicas: Vec<Replica>,
     },
+    /// Names the node that initializes the range's Raft group, unless one is named already.
+    BootstrapRange {
+        range_id: RangeId,
+        node_id: NodeId,
+    },
     /// Removes a range whose table or partition is gone, with its lease.
     DropRange {
         range_id: RangeId,
@@ -200,6 +205,8 @@ pub enum MetaError {
         current: Option<u64>,
         expected: Option<u64>,
     },
+    #[error("range {range_id} was bootstrapped by node {by}")]
+    RangeBootstrapped { range_id: RangeId, by: NodeId },
     #[error("range {range_id} does not exist")]
     NoSuchRange { range_id: RangeId },
     #[error("node {holder} holds no voting replica of range {range_id}")]
@@ -522,10 +529,29 @@ impl MetaState {
                     partition: partition.clone(),
                     replicas: replicas.clone(),
                     generation: 1,
+                    bootstrapped_by: None,
                 };
                 self.next_range_id = id + 1;
                 self.ranges.insert(range.range_id, range.clone());
                 Ok(Outcome::Range { range })
+            }
+            Command::BootstrapRange { range_id, node_id } => {
+                let range = self
+                    .ranges
+                    .get_mut(range_id)
+                    .ok_or(MetaError::NoSuchRange {
+                        range_id: *range_id,
+                    })?;
+                match range.bootstrapped_by {
+                    Some(by) if by != *node_id => Err(MetaError::RangeBootstrapped {
+                        range_id: *range_id,
+                        by,
+                    }),
+                    _ => {
+                        range.bootstrapped_by = Some(*node_id);
+                        Ok(Outcome::Done)
+                    }
+                }
             }
             Command::DropRange { range_id } => {
                 self.ranges.remove(range_id).ok_or(MetaError::NoSuchRange {
@@ -551,6 +577,10 @@ impl MetaState {
                 }
                 let mut next = range.clone();
                 next.generation = current.map_or(1, |g| g + 1);
+                // Who bootstrapped the group is not the proposer's to change.
+                if let Some(stored) = self.ranges.get(&range.range_id) {
+                    next.bootstrapped_by = stored.bootstrapped_by;
+                }
                 self.ranges.insert(range.range_id, next);
                 Ok(Outcome::Done)
             }

@@ -58,6 +58,7 @@ fn range(replicas: &[(u64, ReplicaKind)]) -> RangeDescriptor {
             })
             .collect(),
         generation: 0,
+        bootstrapped_by: None,
     }
 }
 
@@ -933,4 +934,48 @@ fn schema_changes_carry_the_table_set() {
     assert_eq!(set, vec![table()]);
     propose(&mut s, 3, with(2, Some(vec![])));
     assert_eq!(s.catalog().flat_map(|(_, t)| t.iter()).count(), 0);
+}
+
+/// Exactly one node initializes a range's group: the first to claim it; a repeated claim by
+/// the same node (a retry after a crash) succeeds, another node's is refused; descriptor
+/// updates keep the claim.
+#[test]
+fn a_range_is_bootstrapped_by_one_node_only() {
+    use ReplicaKind::*;
+    let mut s = cluster();
+    let Outcome::Range { range } = propose(
+        &mut s,
+        1,
+        Command::CreateRange {
+            table: table(),
+            partition: None,
+            replicas: vec![replica(1, Voter), replica(2, Voter)],
+        },
+    ) else {
+        panic!()
+    };
+    let claim = |node_id| Command::BootstrapRange {
+        range_id: range.range_id,
+        node_id,
+    };
+    assert_eq!(propose(&mut s, 2, claim(2)), Outcome::Done);
+    assert_eq!(propose(&mut s, 3, claim(2)), Outcome::Done, "idempotent");
+    assert_eq!(
+        propose(&mut s, 4, claim(1)),
+        Outcome::Rejected {
+            error: MetaError::RangeBootstrapped {
+                range_id: range.range_id,
+                by: 2
+            }
+        }
+    );
+    let mut next = s.range(range.range_id).unwrap().clone();
+    next.replicas.push(replica(3, NonVoter));
+    next.bootstrapped_by = None;
+    let put = Command::PutRange {
+        expected_generation: Some(next.generation),
+        range: next,
+    };
+    assert_eq!(propose(&mut s, 5, put), Outcome::Done);
+    assert_eq!(s.range(range.range_id).unwrap().bootstrapped_by, Some(2));
 }

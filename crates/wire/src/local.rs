@@ -85,6 +85,30 @@ pub enum LocalRequest {
     },
     /// Every range of the cluster (`SHOW RANGES`), read linearizably: [`LocalResponse::Ranges`].
     Ranges,
+    /// Each range replica's Raft and apply progress, from every live node:
+    /// [`LocalResponse::RangeProgress`].
+    RangeProgress,
+    /// Replicates a transaction's row changes through their range's Raft group before the
+    /// transaction commits here: [`LocalResponse::Replicated`] once a quorum has them and
+    /// this node has applied every earlier entry, [`LocalResponse::NotReplicated`] when
+    /// replication is off or the tables are not replicated, else an error.
+    ReplicateTxn {
+        database: String,
+        /// Every (table, REGIONAL BY ROW partition) written.
+        targets: Vec<(TableRef, Option<String>)>,
+        txn_id: String,
+        schema_version: u64,
+        /// When the transaction began (Unix ms).
+        txn_start_ms: u64,
+        /// The changes, as the extension's JSON (opaque to pgmr).
+        changes: String,
+    },
+    /// A transaction whose changes were replicated as entry `index` of `range_id` did not
+    /// commit here: the range is fenced until the applier has caught up past it.
+    AbandonTxn {
+        range_id: u64,
+        index: u64,
+    },
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -171,6 +195,19 @@ pub enum LocalResponse {
     },
     Ranges {
         ranges: Vec<RangeRow>,
+    },
+    RangeProgress {
+        replicas: Vec<RangeProgress>,
+    },
+    Replicated {
+        range_id: u64,
+        index: u64,
+    },
+    NotReplicated,
+    /// The request cannot be served as things are (SQLSTATE 0A000), with a hint.
+    Unsupported {
+        message: String,
+        hint: String,
     },
     /// pgmr understood the request but could not serve it. `retryable`: nothing was applied
     /// and the same request may simply be sent again. `ambiguous`: a write may or may not
@@ -321,6 +358,23 @@ pub struct PeerStatus {
     pub live: bool,
     pub last_heard_ms_ago: Option<u64>,
     pub rtt_ms: Option<f64>,
+}
+
+/// One replica's Raft and apply progress, as its node reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RangeProgress {
+    pub range_id: u64,
+    pub node_id: u64,
+    /// leader, follower, learner, candidate.
+    pub raft_state: String,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub committed_index: u64,
+    /// The applier's cursor: every entry up to it is in this node's PostgreSQL.
+    pub applied_index: u64,
+    /// On the leader: each member's highest replicated index.
+    pub matched: Vec<(u64, u64)>,
 }
 
 /// One range as `multiregion.ranges` shows it (CockroachDB's `SHOW RANGES` columns).

@@ -70,6 +70,8 @@ pub enum PeerRequest {
     MetaReadIndex,
     /// Asks the meta group's leader for each member's replication progress.
     MetaProgress,
+    /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
+    RangeProgress,
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -110,6 +112,9 @@ pub enum PeerResponse {
         last_log_index: u64,
         /// (node id, highest log index known replicated to it).
         matched: Vec<(u64, Option<u64>)>,
+    },
+    RangeProgress {
+        ranges: Vec<crate::local::RangeProgress>,
     },
     Error {
         message: String,

@@ -49,7 +49,18 @@ fn is_ddl(sql: &str) -> bool {
     )
 }
 
+/// Runs one statement. Rows that a multi-region schema change itself rewrites (a conversion
+/// copying a table) are not captured for replication: every node runs the change on its own
+/// copy.
 pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
+    if matches!(mr_sql::parse(sql), Ok(Some(_))) {
+        crate::replication::without_capture(|| execute_statement(sql, origin))
+    } else {
+        execute_statement(sql, origin)
+    }
+}
+
+fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
     let stmt = mr_sql::parse(sql).map_err(|e| MrError::Syntax {
         message: e.message,
         position: e.position,

@@ -743,6 +743,13 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
         lit(&key_table),
         lit(constraint)
     ));
+    // Key tables are derived on every node: the trigger also runs when pgmr applies
+    // replicated rows (session_replication_role = replica).
+    run(&format!(
+        "ALTER TABLE {} ENABLE ALWAYS TRIGGER {}",
+        shape.qualified,
+        ident(&format!("mr_global_key_{constraint}"))
+    ));
     key_table
 }
 

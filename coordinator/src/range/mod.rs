@@ -1,0 +1,703 @@
+//! Range Raft groups: the data plane's replication.
+//!
+//! Every node runs one openraft member per range it holds a replica of (the descriptors in the
+//! meta group say which), all over the same authenticated, latency-simulated transport as the
+//! meta group (group id = range id) and one redb file ([`store`]). Voters are Raft voters,
+//! non-voting replicas Raft learners. The range's Raft leader is its leaseholder: writes are
+//! proposed there, and the lease (as the meta group records it, for `multiregion.ranges`)
+//! follows leadership.
+//!
+//! The write path ([`Ranges::replicate`]): the extension captures a transaction's row
+//! changes and, at pre-commit, after recording the transaction's id in
+//! `multiregion.range_txns` (uncommitted, so it holds that key's lock), asks this node to
+//! replicate them. The leader proposes one entry, waits until a quorum has it, waits until
+//! its own applier has passed every earlier entry (so local commits happen in log order),
+//! and answers; the transaction then commits locally. Every replica's applier ([`apply`])
+//! applies entries in log order, in one PostgreSQL transaction each, inserting the
+//! transaction id first: on the leader that insert waits for the writing transaction and then
+//! finds the key present, so the entry is not applied twice; on a crash before the local
+//! commit it finds no key and applies the entry itself, so nothing acknowledged is lost.
+//!
+//! Fences. A node may only write on top of a complete prefix of the log: after it becomes
+//! leader, and after a local transaction gave up on an entry whose fate is unknown, it
+//! refuses writes (retryable, 40001) from transactions that started before its applier caught
+//! up again, since they may have read rows that miss committed entries.
+
+pub mod apply;
+pub mod store;
+pub mod types;
+
+use crate::meta::network::Network;
+use crate::meta::{Meta, MetaNode};
+use crate::net::Transport;
+use crate::postgres::{PgConfig, PgState};
+use anyhow::Result;
+use mr_meta::{Command, RangeDescriptor, ReplicaKind, TableRef};
+use mr_wire::local::LocalResponse;
+use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
+use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
+use redb::Database;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+pub use types::{RangeRaft, TxnWrite};
+
+/// The cluster setting that turns row replication on. Until statements are routed to
+/// leaseholders, a write must run on the leaseholder's node, so it is off by default.
+pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
+
+const HEARTBEAT_MS: u64 = 400;
+const ELECTION_TIMEOUT_MS: (u64, u64) = (1500, 3000);
+/// How long a write waits for its range to have a leader, and for its commit.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A learner is promoted once at most this many entries behind.
+const PROMOTE_WITHIN: u64 = 100;
+/// The preferred leaseholder asks for leadership at most this often.
+const ELECT_EVERY: Duration = Duration::from_secs(5);
+/// How often the manager reconciles groups with the descriptors.
+const MANAGE_EVERY: Duration = Duration::from_millis(250);
+/// Not serving: the fence has not been passed since the last reset.
+const NOT_SERVING: u64 = u64::MAX;
+
+/// One range's member on this node.
+pub struct Group {
+    pub range_id: u64,
+    pub table: TableRef,
+    pub raft: RangeRaft,
+    /// The highest committed index this node knows (from the state machine).
+    committed: watch::Receiver<u64>,
+    /// The applier's durable cursor in PostgreSQL: every entry up to it is applied here.
+    applied: watch::Sender<u64>,
+    /// The index the applier must reach before this node serves writes again.
+    fence: AtomicU64,
+    /// Unix ms at which the fence was last passed ([`NOT_SERVING`] while it is not).
+    serving_since: AtomicU64,
+    /// The leader term for which the fence was last set.
+    fenced_term: AtomicU64,
+    last_elect: Mutex<Option<Instant>>,
+    stop: CancellationToken,
+}
+
+impl Group {
+    pub fn applied_index(&self) -> u64 {
+        *self.applied.borrow()
+    }
+
+    /// Records that the applier reached `index`, and lifts the fence once it is passed.
+    fn advance(&self, index: u64) {
+        self.applied.send_replace(index);
+        if index >= self.fence.load(Ordering::SeqCst)
+            && self.serving_since.load(Ordering::SeqCst) == NOT_SERVING
+        {
+            self.serving_since
+                .store(crate::node::now_ms(), Ordering::SeqCst);
+        }
+    }
+
+    /// Sets the fence at `index`: writes from transactions that started before the applier
+    /// passes it are refused.
+    fn fence_at(&self, index: u64) {
+        self.fence.fetch_max(index, Ordering::SeqCst);
+        self.serving_since.store(NOT_SERVING, Ordering::SeqCst);
+        let applied = self.applied_index();
+        self.advance(applied);
+    }
+
+    /// The leader's term if this node leads the range; on a new term, fences at the last
+    /// entry of the log (the new term's blank entry is at or before it).
+    fn leading(&self) -> Option<u64> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            return None;
+        }
+        if self.fenced_term.swap(m.current_term, Ordering::SeqCst) != m.current_term {
+            self.fence_at(m.last_log_index.unwrap_or(0));
+        }
+        Some(m.current_term)
+    }
+}
+
+/// Every range group of this node.
+pub struct Ranges {
+    me: u64,
+    transport: Transport,
+    meta: Arc<Meta>,
+    db: Arc<Database>,
+    groups: Mutex<BTreeMap<u64, Arc<Group>>>,
+    pg_cfg: PgConfig,
+    pg: Arc<PgState>,
+}
+
+/// Why a write could not be replicated.
+pub enum WriteError {
+    /// Nothing was proposed; the transaction may simply be retried (40001).
+    Retryable(String),
+    /// The entry may or may not commit; the range is fenced until it is known (40003).
+    Ambiguous(String),
+    /// The statement cannot run here as things are (0A000).
+    Unsupported { message: String, hint: String },
+}
+
+impl Ranges {
+    pub fn open(
+        dir: &std::path::Path,
+        me: u64,
+        transport: Transport,
+        meta: Arc<Meta>,
+        pg_cfg: PgConfig,
+        pg: Arc<PgState>,
+    ) -> Result<Arc<Ranges>> {
+        Ok(Arc::new(Ranges {
+            me,
+            transport,
+            meta,
+            db: store::open_db(dir)?,
+            groups: Mutex::new(BTreeMap::new()),
+            pg_cfg,
+            pg,
+        }))
+    }
+
+    pub fn group(&self, range_id: u64) -> Option<Arc<Group>> {
+        self.groups
+            .lock()
+            .expect("groups lock")
+            .get(&range_id)
+            .cloned()
+    }
+
+    /// The groups this node runs, by range id.
+    pub fn groups(&self) -> Vec<Arc<Group>> {
+        self.groups
+            .lock()
+            .expect("groups lock")
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Keeps this node's groups as the descriptors say, until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(MANAGE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => break,
+            }
+            if let Err(e) = self.manage().await {
+                tracing::debug!("range upkeep: {e:#}");
+            }
+        }
+        for g in self.groups() {
+            g.stop.cancel();
+            let _ = g.raft.shutdown().await;
+        }
+    }
+
+    async fn manage(self: &Arc<Self>) -> Result<()> {
+        let me = self.me;
+        let (mine, nodes): (Vec<RangeDescriptor>, BTreeMap<u64, MetaNode>) = self.meta.read(|s| {
+            let mine = s
+                .ranges()
+                .filter(|r| r.replicas.iter().any(|x| x.node_id == me))
+                .cloned()
+                .collect();
+            let nodes = s
+                .nodes()
+                .map(|n| {
+                    let node = MetaNode {
+                        rpc_addr: n.rpc_addr.clone(),
+                        locality: n.locality.clone(),
+                    };
+                    (n.node_id, node)
+                })
+                .collect();
+            (mine, nodes)
+        });
+        let wanted: BTreeSet<u64> = mine.iter().map(|r| r.range_id).collect();
+        // Ranges this node no longer holds: stop their members and forget their logs.
+        let gone: Vec<Arc<Group>> = {
+            let mut groups = self.groups.lock().expect("groups lock");
+            let ids: Vec<u64> = groups
+                .keys()
+                .filter(|id| !wanted.contains(id))
+                .copied()
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| groups.remove(&id))
+                .collect()
+        };
+        for g in gone {
+            tracing::info!(
+                range_id = g.range_id,
+                "this node no longer holds a replica of the range"
+            );
+            g.stop.cancel();
+            let _ = g.raft.shutdown().await;
+            store::remove_range(&self.db, g.range_id)?;
+            apply::forget(&self.pg_cfg, &self.pg, &g.table.database, g.range_id).await;
+        }
+        for d in &mine {
+            let g = match self.group(d.range_id) {
+                Some(g) => g,
+                None => self.start_group(d).await?,
+            };
+            if let Err(e) = self.upkeep(&g, d, &nodes).await {
+                tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_group(self: &Arc<Self>, d: &RangeDescriptor) -> Result<Arc<Group>> {
+        let config = Config {
+            cluster_name: format!("pgmr-range-{}", d.range_id),
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: ELECTION_TIMEOUT_MS.0,
+            election_timeout_max: ELECTION_TIMEOUT_MS.1,
+            snapshot_policy: SnapshotPolicy::Never,
+            ..Config::default()
+        }
+        .validate()?;
+        let log = store::LogStore {
+            db: self.db.clone(),
+            range: d.range_id,
+        };
+        let sm = store::StateMachine::open(self.db.clone(), d.range_id)?;
+        let committed = sm.committed.subscribe();
+        let net = Network::new(self.transport.clone(), d.range_id);
+        let raft = RangeRaft::new(self.me, Arc::new(config), net, log, sm).await?;
+        let (applied, _) = watch::channel(0);
+        let g = Arc::new(Group {
+            range_id: d.range_id,
+            table: d.table.clone(),
+            raft,
+            committed,
+            applied,
+            fence: AtomicU64::new(0),
+            serving_since: AtomicU64::new(NOT_SERVING),
+            fenced_term: AtomicU64::new(0),
+            last_elect: Mutex::new(None),
+            stop: CancellationToken::new(),
+        });
+        self.groups
+            .lock()
+            .expect("groups lock")
+            .insert(d.range_id, g.clone());
+        tokio::spawn(apply::run(
+            g.clone(),
+            self.db.clone(),
+            self.pg_cfg.clone(),
+            self.pg.clone(),
+        ));
+        tracing::info!(range_id = d.range_id, table = %d.table.table, partition = ?d.partition, "started a range replica");
+        Ok(g)
+    }
+
+    /// One pass over one group: bootstrap, membership, lease record, lease preference.
+    async fn upkeep(
+        &self,
+        g: &Group,
+        d: &RangeDescriptor,
+        nodes: &BTreeMap<u64, MetaNode>,
+    ) -> Result<()> {
+        let voters: BTreeSet<u64> = d
+            .replicas
+            .iter()
+            .filter(|r| r.kind == ReplicaKind::Voter)
+            .map(|r| r.node_id)
+            .collect();
+        let learners: BTreeSet<u64> = d
+            .replicas
+            .iter()
+            .filter(|r| r.kind == ReplicaKind::NonVoter)
+            .map(|r| r.node_id)
+            .collect();
+        let preferred = d
+            .replicas
+            .iter()
+            .find(|r| r.kind == ReplicaKind::Voter)
+            .map(|r| r.node_id);
+
+        // Bootstrap: exactly one node ever initializes a range's group, the one the meta
+        // group recorded (compare-and-set), with the voters of that moment.
+        if !g.raft.is_initialized().await? {
+            match d.bootstrapped_by {
+                None if preferred == Some(self.me) => {
+                    self.meta
+                        .propose(
+                            Command::BootstrapRange {
+                                range_id: d.range_id,
+                                node_id: self.me,
+                            },
+                            Duration::from_secs(5),
+                        )
+                        .await?;
+                }
+                Some(by) if by == self.me => {
+                    let members: BTreeMap<u64, MetaNode> = voters
+                        .iter()
+                        .filter_map(|id| Some((*id, nodes.get(id)?.clone())))
+                        .collect();
+                    tracing::info!(range_id = d.range_id, voters = ?voters, "initializing the range's Raft group");
+                    g.raft.initialize(members).await?;
+                }
+                _ => {}
+            }
+            return Ok(());
+        }
+
+        if g.leading().is_none() {
+            // Lease preference: the first voter asks for leadership when it is not leader.
+            let m = g.raft.metrics().borrow().clone();
+            let is_voter = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == self.me);
+            if preferred == Some(self.me) && is_voter && m.current_leader.is_some() {
+                let due = {
+                    let mut last = g.last_elect.lock().expect("elect lock");
+                    let due = last.is_none_or(|t| t.elapsed() >= ELECT_EVERY);
+                    if due {
+                        *last = Some(Instant::now());
+                    }
+                    due
+                };
+                if due {
+                    tracing::info!(
+                        range_id = d.range_id,
+                        "the preferred leaseholder asks for the lease"
+                    );
+                    g.raft.trigger().elect().await?;
+                }
+            }
+            return Ok(());
+        }
+
+        // The leader: record the lease, then one membership step per pass.
+        let lease = self.meta.read(|s| s.lease(d.range_id).cloned());
+        if lease.as_ref().map(|l| l.holder) != Some(self.me) && voters.contains(&self.me) {
+            let now = crate::node::now_ms();
+            self.meta
+                .propose(
+                    Command::AcquireLease {
+                        range_id: d.range_id,
+                        holder: self.me,
+                        start_ms: now,
+                        expiration_ms: now + 3_600_000,
+                        expected_sequence: lease.map(|l| l.sequence),
+                    },
+                    Duration::from_secs(5),
+                )
+                .await?;
+        }
+        let m = g.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership().clone();
+        if membership.get_joint_config().len() > 1 {
+            return Ok(());
+        }
+        let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
+        let current_voters: BTreeSet<u64> = membership.voter_ids().collect();
+        if let Some(id) = voters
+            .iter()
+            .chain(&learners)
+            .find(|id| !members.contains(id))
+        {
+            if let Some(node) = nodes.get(id) {
+                tracing::info!(
+                    range_id = d.range_id,
+                    node_id = id,
+                    "adding a replica as a learner"
+                );
+                g.raft.add_learner(*id, node.clone(), false).await?;
+            }
+            return Ok(());
+        }
+        if current_voters != voters {
+            let last = m.last_log_index.unwrap_or(0);
+            let matched = m.replication.clone().unwrap_or_default();
+            let caught_up = voters.iter().all(|id| {
+                *id == self.me
+                    || matched
+                        .get(id)
+                        .and_then(|l| l.map(|l| l.index))
+                        .is_some_and(|i| last.saturating_sub(i) <= PROMOTE_WITHIN)
+            });
+            if caught_up {
+                tracing::info!(range_id = d.range_id, from = ?current_voters, to = ?voters, "changing the range's voters");
+                g.raft
+                    .change_membership(ChangeMembers::ReplaceAllVoters(voters), true)
+                    .await?;
+            }
+            return Ok(());
+        }
+        let extra: BTreeSet<u64> = members
+            .iter()
+            .filter(|id| !voters.contains(id) && !learners.contains(id))
+            .copied()
+            .collect();
+        if !extra.is_empty() {
+            tracing::info!(range_id = d.range_id, nodes = ?extra, "removing replicas");
+            g.raft
+                .change_membership(ChangeMembers::RemoveNodes(extra), false)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Replicates one transaction's row changes to `targets` (table, REGIONAL BY ROW
+    /// partition) through their range, on the leaseholder; see the module comment.
+    pub async fn replicate(
+        &self,
+        database: String,
+        targets: Vec<(TableRef, Option<String>)>,
+        write: TxnWrite,
+        txn_start_ms: u64,
+    ) -> Result<Option<(u64, u64)>, WriteError> {
+        let (enabled, ranges) = self.meta.read(|s| {
+            let enabled = matches!(
+                s.cluster_setting(REPLICATION_SETTING),
+                Some("true" | "on" | "1")
+            );
+            let mut ranges = BTreeSet::new();
+            let mut missing = Vec::new();
+            for (t, p) in &targets {
+                let replicated = s
+                    .catalog()
+                    .any(|(db, ts)| *db == database && ts.contains(t));
+                if !replicated {
+                    continue;
+                }
+                match s.ranges().find(|r| &r.table == t && &r.partition == p) {
+                    Some(r) => {
+                        ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
+                    }
+                    None => missing.push(format!("{}.{} {:?}", t.schema, t.table, p)),
+                }
+            }
+            (enabled, (ranges, missing))
+        });
+        if !enabled {
+            return Ok(None);
+        }
+        let (ranges, missing) = ranges;
+        if !missing.is_empty() {
+            return Err(WriteError::Retryable(format!(
+                "the range of {} is not created yet",
+                missing.join(", ")
+            )));
+        }
+        let mut ids = ranges.iter().map(|(id, _)| *id).collect::<BTreeSet<_>>();
+        let Some(range_id) = ids.pop_first() else {
+            return Ok(None);
+        };
+        if !ids.is_empty() {
+            return Err(WriteError::Unsupported {
+                message: format!(
+                    "a transaction writing to more than one range (ranges {range_id} and {}) is not supported yet",
+                    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+                ),
+                hint: "Write each table (each region's rows of a REGIONAL BY ROW table) in its own transaction until cross-range transactions (two-phase commit) exist.".into(),
+            });
+        }
+        let holder = ranges.iter().next().and_then(|(_, h)| *h);
+        let not_here = |why: &str| {
+            WriteError::Unsupported {
+            message: format!("{why}: range {range_id} of table {} is leased by node {}", write_target(&targets), holder.map_or("(none yet)".into(), |h| h.to_string())),
+            hint: "Run the transaction on the leaseholder's node; routing statements to leaseholders is not built yet.".into(),
+        }
+        };
+        let Some(g) = self.group(range_id) else {
+            return Err(not_here("this node holds no replica"));
+        };
+        // Wait for a leader (a new range, or an election under way).
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        loop {
+            let m = g.raft.metrics().borrow().clone();
+            match m.current_leader {
+                Some(l) if l == self.me => break,
+                Some(_) => return Err(not_here("this node is not the leaseholder")),
+                None if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                None => {
+                    return Err(WriteError::Retryable(format!(
+                        "range {range_id} has no leader (no quorum of its voters is reachable)"
+                    )))
+                }
+            }
+        }
+        if g.leading().is_none() {
+            return Err(not_here("this node is no longer the leaseholder"));
+        }
+        let since = g.serving_since.load(Ordering::SeqCst);
+        if since == NOT_SERVING || since > txn_start_ms {
+            return Err(WriteError::Retryable(format!(
+                "range {range_id} changed leaseholder or has a write of unknown outcome since this transaction began; its reads may miss committed writes"
+            )));
+        }
+        let resp = match tokio::time::timeout(WRITE_TIMEOUT, g.raft.client_write(write)).await {
+            Ok(Ok(resp)) => resp,
+            Ok(Err(e)) if e.forward_to_leader().is_some() => {
+                return Err(not_here("this node lost the lease"))
+            }
+            Ok(Err(e)) => {
+                g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
+                return Err(WriteError::Ambiguous(e.to_string()));
+            }
+            Err(_) => {
+                g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
+                return Err(WriteError::Ambiguous(format!(
+                    "no quorum of range {range_id}'s voters confirmed the write within {WRITE_TIMEOUT:?}"
+                )));
+            }
+        };
+        let index = resp.log_id.index;
+        // Commit locally in log order: every earlier entry is applied here first.
+        let mut applied = g.applied.subscribe();
+        let wait = applied.wait_for(|a| *a + 1 >= index);
+        if tokio::time::timeout(WRITE_TIMEOUT, wait).await.is_err() {
+            g.fence_at(index);
+            return Err(WriteError::Ambiguous(format!(
+                "range {range_id}'s entry {index} committed, but this node could not apply the entries before it in time"
+            )));
+        }
+        Ok(Some((range_id, index)))
+    }
+
+    /// A local transaction gave up on entry `index` of `range_id` (its outcome there is
+    /// unknown, or it committed in Raft and then aborted locally): fence the range.
+    pub fn abandon(&self, range_id: u64, index: u64) {
+        if let Some(g) = self.group(range_id) {
+            tracing::warn!(
+                range_id,
+                index,
+                "a local transaction abandoned a replicated write; fencing the range"
+            );
+            g.fence_at(index);
+        }
+    }
+
+    /// Hands a Raft message for range `group` to this node's member of it.
+    pub async fn serve_raft(
+        &self,
+        group: u64,
+        to: u64,
+        kind: RaftKind,
+        body: serde_json::Value,
+    ) -> PeerResponse {
+        if to != self.me {
+            return PeerResponse::Error {
+                message: format!("this is node {}, not node {to}", self.me),
+                retryable: false,
+            };
+        }
+        let Some(g) = self.group(group) else {
+            return PeerResponse::Error {
+                message: format!("node {} has no replica of range {group} yet", self.me),
+                retryable: true,
+            };
+        };
+        fn answer<T: serde::Serialize>(r: T) -> PeerResponse {
+            PeerResponse::Raft {
+                body: serde_json::to_value(r).expect("Raft responses serialize"),
+            }
+        }
+        fn bad(e: serde_json::Error) -> PeerResponse {
+            PeerResponse::Error {
+                message: format!("malformed Raft message: {e}"),
+                retryable: false,
+            }
+        }
+        match kind {
+            RaftKind::AppendEntries => match serde_json::from_value(body) {
+                Ok(req) => answer(g.raft.append_entries(req).await),
+                Err(e) => bad(e),
+            },
+            RaftKind::Vote => match serde_json::from_value(body) {
+                Ok(req) => answer(g.raft.vote(req).await),
+                Err(e) => bad(e),
+            },
+            RaftKind::InstallSnapshot => match serde_json::from_value(body) {
+                Ok(req) => answer(g.raft.install_snapshot(req).await),
+                Err(e) => bad(e),
+            },
+        }
+    }
+
+    /// Each replica's progress as this node sees it: (range, applied index here, leader's
+    /// view of every member's matched index when this node leads).
+    pub fn progress(&self) -> Vec<mr_wire::local::RangeProgress> {
+        self.groups()
+            .iter()
+            .map(|g| {
+                let m = g.raft.metrics().borrow().clone();
+                let matched = if m.state == ServerState::Leader {
+                    m.replication
+                        .clone()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(id, l)| (id, l.map_or(0, |l| l.index)))
+                        .collect()
+                } else {
+                    vec![]
+                };
+                mr_wire::local::RangeProgress {
+                    range_id: g.range_id,
+                    node_id: self.me,
+                    raft_state: format!("{:?}", m.state).to_lowercase(),
+                    leader: m.current_leader,
+                    term: m.current_term,
+                    last_log_index: m.last_log_index.unwrap_or(0),
+                    committed_index: *g.committed.borrow(),
+                    applied_index: g.applied_index(),
+                    matched,
+                }
+            })
+            .collect()
+    }
+
+    /// Asks for a range's progress on node `to` (for `multiregion.range_replicas`).
+    pub async fn remote_progress(&self, addr: &str) -> Vec<mr_wire::local::RangeProgress> {
+        match self
+            .transport
+            .call(addr, PeerRequest::RangeProgress, Duration::from_secs(2))
+            .await
+        {
+            Ok(PeerResponse::RangeProgress { ranges }) => ranges,
+            _ => vec![],
+        }
+    }
+}
+
+fn write_target(targets: &[(TableRef, Option<String>)]) -> String {
+    targets
+        .first()
+        .map(|(t, p)| match p {
+            Some(p) => format!("{}.{} (partition {p})", t.schema, t.table),
+            None => format!("{}.{}", t.schema, t.table),
+        })
+        .unwrap_or_default()
+}
+
+/// The local channel's answer to a failed write.
+pub fn write_error(e: WriteError) -> LocalResponse {
+    match e {
+        WriteError::Retryable(message) => LocalResponse::Error {
+            message,
+            retryable: true,
+            ambiguous: false,
+        },
+        WriteError::Ambiguous(message) => LocalResponse::Error {
+            message,
+            retryable: false,
+            ambiguous: true,
+        },
+        WriteError::Unsupported { message, hint } => LocalResponse::Unsupported { message, hint },
+    }
+}

@@ -1,0 +1,514 @@
+//! Row replication, the extension's half: capture a transaction's row changes and have pgmr
+//! commit them in their range's Raft log before the transaction commits here.
+//!
+//! * **Capture.** Every replicated table gets two triggers when it is created (the
+//!   `multiregion_install_capture` event trigger): an AFTER row trigger for INSERT, UPDATE and
+//!   DELETE (cloned by PostgreSQL onto every partition, so COPY, `ON CONFLICT`, cascades and
+//!   rows written by other triggers are seen too) and an AFTER TRUNCATE statement trigger.
+//!   Both call `multiregion.capture()`, which appends the change to this backend's buffer.
+//!   Savepoints are honoured: a rolled-back subtransaction's changes are dropped.
+//! * **Pre-commit.** With changes buffered, the transaction first runs PostgreSQL's own
+//!   serializable pre-commit check (so a serialization failure cannot happen after the Raft
+//!   commit), records its id in `multiregion.range_txns` (uncommitted: the key's lock orders
+//!   the range's applier after this transaction), and asks pgmr to replicate. Any failure
+//!   aborts the transaction here, before anyone can see it.
+//! * **After.** If the transaction aborts after its entry was committed in Raft, pgmr is told,
+//!   so that the range serves no write until its applier has applied the entry; if pgmr
+//!   cannot be told, the server must not go on (PANIC: recovery applies the entry).
+//!
+//! Writes that schema changes make (a REGIONAL BY ROW conversion copying rows) are not
+//! captured: every node runs the schema change on its own copy.
+
+use crate::error::{MrError, OrRaise};
+use crate::gucs;
+use crate::regions::spi;
+use crate::sidecar::{self, Replication};
+use mr_wire::local::LocalRequest;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// One captured row change.
+struct Change {
+    relid: pg_sys::Oid,
+    op: char,
+    old: Option<String>,
+    new: Option<String>,
+}
+
+#[derive(Default)]
+struct Txn {
+    changes: Vec<Change>,
+    /// `changes.len()` at the start of each open subtransaction.
+    marks: Vec<usize>,
+    /// The entry this transaction's changes became, once replicated.
+    replicated: Option<(u64, u64)>,
+}
+
+thread_local! {
+    static TXN: RefCell<Txn> = RefCell::new(Txn::default());
+    /// Above zero while the extension runs a schema change.
+    static SUPPRESS: RefCell<u32> = const { RefCell::new(0) };
+}
+
+/// Runs `f` with capture off (schema changes rewrite rows on every node themselves).
+pub fn without_capture<R>(f: impl FnOnce() -> R) -> R {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            SUPPRESS.with(|s| *s.borrow_mut() -= 1);
+        }
+    }
+    SUPPRESS.with(|s| *s.borrow_mut() += 1);
+    let _guard = Guard;
+    f()
+}
+
+/// Appends one change; called only by the capture triggers (EXECUTE is revoked from PUBLIC,
+/// so no session can forge changes that other nodes would apply as superuser).
+#[pg_extern(schema = "multiregion")]
+fn capture(relid: pg_sys::Oid, op: &str, old: Option<&str>, new: Option<&str>) {
+    if SUPPRESS.with(|s| *s.borrow()) > 0 || gucs::sidecar_socket().is_none() {
+        return;
+    }
+    let op = match op {
+        "INSERT" => 'I',
+        "UPDATE" => 'U',
+        "DELETE" => 'D',
+        "TRUNCATE" => 'T',
+        _ => return,
+    };
+    TXN.with(|t| {
+        t.borrow_mut().changes.push(Change {
+            relid,
+            op,
+            old: old.map(str::to_string),
+            new: new.map(str::to_string),
+        })
+    });
+}
+
+/// Installs the transaction callbacks; from `_PG_init`.
+#[allow(unsafe_code)]
+pub fn init() {
+    // SAFETY: `_PG_init` runs in the postmaster before any backend exists; the callbacks are
+    // plain function pointers that forked backends inherit.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(subxact_callback), std::ptr::null_mut());
+    }
+}
+
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn xact_callback(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::XactEvent::*;
+    match event {
+        XACT_EVENT_PRE_COMMIT => {
+            // SAFETY: the transaction is still in progress at pre-commit; its portal (and so
+            // its active snapshot) is gone, and SPI needs one: push the transaction's own and
+            // pop it again (on error, abort pops it).
+            unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+            pre_commit().or_raise();
+            unsafe { pg_sys::PopActiveSnapshot() };
+        }
+        XACT_EVENT_PRE_PREPARE => {
+            if TXN.with(|t| !t.borrow().changes.is_empty()) {
+                MrError::PrepareReplicated.raise();
+            }
+        }
+        XACT_EVENT_ABORT => {
+            let t = TXN.with(|t| std::mem::take(&mut *t.borrow_mut()));
+            if let Some((range_id, index)) = t.replicated {
+                if let Err(e) = sidecar::abandon_txn(range_id, index) {
+                    // The entry is committed in the range but not here, and the range would
+                    // go on serving writes over its rows: stop, and let recovery apply it.
+                    pgrx::ereport!(
+                        PgLogLevel::PANIC,
+                        PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+                        format!("a replicated write (range {range_id}, entry {index}) aborted locally and pgmr could not be told: {e}")
+                    );
+                }
+            }
+        }
+        XACT_EVENT_COMMIT | XACT_EVENT_PREPARE => {
+            TXN.with(|t| *t.borrow_mut() = Txn::default());
+        }
+        _ => {}
+    }
+}
+
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn subxact_callback(
+    event: pg_sys::SubXactEvent::Type,
+    _my: pg_sys::SubTransactionId,
+    _parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    TXN.with(|t| {
+        let mut t = t.borrow_mut();
+        match event {
+            SUBXACT_EVENT_START_SUB => {
+                let n = t.changes.len();
+                t.marks.push(n);
+            }
+            SUBXACT_EVENT_COMMIT_SUB => {
+                t.marks.pop();
+            }
+            SUBXACT_EVENT_ABORT_SUB => {
+                if let Some(n) = t.marks.pop() {
+                    t.changes.truncate(n);
+                }
+            }
+            _ => {}
+        }
+    });
+}
+
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" {
+    /// predicate.c's serializable pre-commit check (exported by the server, not bound by pgrx).
+    fn PreCommit_CheckForSerializationFailure();
+}
+
+/// Where a captured relation's rows belong: the table, its REGIONAL BY ROW partition, and
+/// the leaf relation the rows are in.
+struct Target {
+    leaf_schema: String,
+    leaf: String,
+    schema: String,
+    table: String,
+    partition: Option<String>,
+}
+
+const TARGET: &str = "SELECT n.nspname::text, c.relname::text, \
+        coalesce(pn.nspname, n.nspname)::text, coalesce(p.relname, c.relname)::text, \
+        CASE WHEN c.relispartition THEN pg_catalog.pg_get_expr(c.relpartbound, c.oid) END \
+    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+    LEFT JOIN pg_catalog.pg_inherits i ON c.relispartition AND i.inhrelid = c.oid \
+    LEFT JOIN pg_catalog.pg_class p ON p.oid = i.inhparent \
+    LEFT JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace \
+    WHERE c.oid = $1";
+
+fn target(relid: pg_sys::Oid) -> Option<Target> {
+    let row = spi::read_rows(TARGET, vec![relid.into()])
+        .into_iter()
+        .next()?;
+    let col = |i: usize| row.get(i).cloned().flatten();
+    Some(Target {
+        leaf_schema: col(0)?,
+        leaf: col(1)?,
+        schema: col(2)?,
+        table: col(3)?,
+        partition: col(4).as_deref().and_then(list_value),
+    })
+}
+
+/// The value of a one-value LIST partition bound, `FOR VALUES IN ('us-east1')`.
+fn list_value(bound: &str) -> Option<String> {
+    let start = bound.find('\'')? + 1;
+    let mut out = String::new();
+    let mut chars = bound[start..].chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\'' {
+            if chars.peek() == Some(&'\'') {
+                chars.next();
+                out.push('\'');
+                continue;
+            }
+            return Some(out);
+        }
+        out.push(c);
+    }
+    None
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+#[allow(unsafe_code)]
+fn pre_commit() -> Result<(), MrError> {
+    let changes = TXN.with(|t| std::mem::take(&mut t.borrow_mut().changes));
+    if changes.is_empty() || gucs::sidecar_socket().is_none() {
+        return Ok(());
+    }
+    // SAFETY: reads backend globals; the check is PostgreSQL's own serializable pre-commit
+    // step, which marks this transaction prepared so that later conflicts abort the other
+    // side: its second run inside CommitTransaction then finds nothing to do.
+    unsafe {
+        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| PreCommit_CheckForSerializationFailure());
+        }
+    }
+    let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
+    let mut json = String::from("[");
+    let mut first = true;
+    for c in &changes {
+        let key = c.relid.to_u32();
+        if !targets.contains_key(&key) {
+            if let Some(t) = target(c.relid) {
+                targets.insert(key, t);
+            }
+        }
+        let Some(t) = targets.get(&key) else {
+            continue;
+        };
+        if !first {
+            json.push(',');
+        }
+        first = false;
+        let _ = write!(
+            json,
+            r#"{{"s":{},"t":{},"op":"{}","old":{},"new":{}}}"#,
+            json_str(&t.leaf_schema),
+            json_str(&t.leaf),
+            c.op,
+            c.old.as_deref().unwrap_or("null"),
+            c.new.as_deref().unwrap_or("null"),
+        );
+    }
+    json.push(']');
+    let database =
+        spi::read_one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    let refs: Vec<(mr_meta::TableRef, Option<String>)> = targets
+        .values()
+        .filter(|t| seen.insert((t.schema.clone(), t.table.clone(), t.partition.clone())))
+        .map(|t| {
+            let r = mr_meta::TableRef {
+                database: database.clone(),
+                schema: t.schema.clone(),
+                table: t.table.clone(),
+            };
+            (r, t.partition.clone())
+        })
+        .collect();
+    let schema_version = spi::read_one("SELECT multiregion.schema_version()::text", vec![])
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: plain reads of this transaction's identity; it has written rows, so it has a
+    // transaction id.
+    let (txn_id, start_ms) = unsafe {
+        let fxid = pg_sys::GetTopFullTransactionId();
+        let sysid = pg_sys::GetSystemIdentifier();
+        let start = pg_sys::GetCurrentTransactionStartTimestamp();
+        // TimestampTz counts microseconds from 2000-01-01; Unix ms from 1970.
+        let start_ms = (start / 1000 + 946_684_800_000).max(0) as u64;
+        (format!("{sysid:x}-{:x}", fxid.value), start_ms)
+    };
+    spi::as_extension_owner(|| {
+        spi::run_with(
+            "INSERT INTO multiregion.range_txns (txn_id) VALUES ($1)",
+            vec![txn_id.as_str().into()],
+        )
+    });
+    let req = LocalRequest::ReplicateTxn {
+        database,
+        targets: refs,
+        txn_id: txn_id.clone(),
+        schema_version,
+        txn_start_ms: start_ms,
+        changes: json,
+    };
+    match sidecar::replicate_txn(req)? {
+        Replication::Replicated { range_id, index } => {
+            TXN.with(|t| t.borrow_mut().replicated = Some((range_id, index)));
+        }
+        Replication::Off => spi::as_extension_owner(|| {
+            spi::run_with(
+                "DELETE FROM multiregion.range_txns WHERE txn_id = $1",
+                vec![txn_id.as_str().into()],
+            )
+        }),
+    }
+    Ok(())
+}
+
+extension_sql!(
+    r#"
+-- The data plane's bookkeeping, per database: how far each range's log is applied here, and
+-- which transactions' changes are (the key of the leaseholder's own transactions, written in
+-- the same transaction as their rows, and of every entry the applier applied).
+CREATE TABLE multiregion.range_state (
+    range_id bigint PRIMARY KEY,
+    applied_index bigint NOT NULL
+);
+CREATE TABLE multiregion.range_txns (
+    txn_id text PRIMARY KEY,
+    recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+REVOKE ALL ON multiregion.range_state, multiregion.range_txns FROM PUBLIC;
+GRANT SELECT ON multiregion.range_state TO PUBLIC;
+
+REVOKE EXECUTE ON FUNCTION multiregion.capture(oid, text, text, text) FROM PUBLIC;
+
+CREATE FUNCTION multiregion.capture_row() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM multiregion.capture(TG_RELID, TG_OP,
+        CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD)::text END,
+        CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW)::text END);
+    RETURN NULL;
+END
+$fn$;
+
+CREATE FUNCTION multiregion.capture_truncate() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    PERFORM multiregion.capture(TG_RELID, TG_OP, NULL, NULL);
+    RETURN NULL;
+END
+$fn$;
+
+-- Every permanent table created outside PostgreSQL's and the extension's schemas gets the
+-- capture triggers (partitions inherit their parent's row trigger).
+CREATE FUNCTION multiregion.install_capture() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass;
+BEGIN
+    FOR v_rel IN
+        SELECT c.oid::regclass FROM pg_catalog.pg_event_trigger_ddl_commands() d
+          JOIN pg_catalog.pg_class c ON c.oid = d.objid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
+           AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't'
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys')
+           AND n.nspname NOT LIKE 'pg\_%'
+           AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
+                            WHERE t.tgrelid = c.oid AND t.tgname = 'multiregion_capture')
+    LOOP
+        EXECUTE format('CREATE TRIGGER multiregion_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION multiregion.capture_row()', v_rel);
+        EXECUTE format('CREATE TRIGGER multiregion_capture_truncate AFTER TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION multiregion.capture_truncate()', v_rel);
+    END LOOP;
+END
+$fn$;
+CREATE EVENT TRIGGER multiregion_install_capture ON ddl_command_end
+    WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO')
+    EXECUTE FUNCTION multiregion.install_capture();
+
+-- Applies one captured change to a leaf relation: by primary key (or, without one, by the
+-- whole row), delete-then-insert, so replaying an entry converges on the same row.
+CREATE FUNCTION multiregion.apply_change(p_schema text, p_table text, p_op text, p_old jsonb, p_new jsonb)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
+    v_key text;
+    v_cols text;
+BEGIN
+    IF p_op = 'T' THEN
+        EXECUTE format('TRUNCATE %s', v_rel);
+        RETURN;
+    END IF;
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.ord) INTO v_key
+      FROM pg_catalog.pg_index i
+      CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+     WHERE i.indrelid = v_rel AND i.indisprimary;
+    IF p_op IN ('U', 'D') THEN
+        PERFORM multiregion.delete_row(v_rel, v_key, p_old);
+    END IF;
+    IF p_op IN ('I', 'U') THEN
+        IF v_key IS NOT NULL THEN
+            PERFORM multiregion.delete_row(v_rel, v_key, p_new);
+        END IF;
+        SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
+          FROM pg_catalog.pg_attribute
+         WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+        EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_record(NULL::%s, $1)',
+                       v_rel, v_cols, v_cols, v_rel) USING p_new;
+    END IF;
+END
+$fn$;
+
+CREATE FUNCTION multiregion.delete_row(p_rel regclass, p_key text, p_row jsonb)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF p_key IS NULL THEN
+        EXECUTE format('DELETE FROM %s WHERE ctid = (SELECT x.ctid FROM %s x WHERE to_jsonb(x) = $1 LIMIT 1)',
+                       p_rel, p_rel) USING p_row;
+    ELSE
+        EXECUTE format('DELETE FROM %s WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1))',
+                       p_rel, p_key, p_key, p_rel) USING p_row;
+    END IF;
+END
+$fn$;
+
+-- pgmr's range applier: applies entry p_index of range p_range once. The transaction id is
+-- inserted first: if the leaseholder's own transaction holds it, this waits for that
+-- transaction and then skips the entry (it committed) or applies it (it aborted).
+CREATE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_txn text,
+                                            p_changes jsonb, p_schema_version bigint)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_new boolean;
+    v_change jsonb;
+BEGIN
+    IF EXISTS (SELECT FROM multiregion.range_state
+                WHERE range_id = p_range AND applied_index >= p_index) THEN
+        RETURN false;
+    END IF;
+    IF multiregion.schema_version() < p_schema_version THEN
+        RAISE EXCEPTION 'entry % of range % needs schema version %; this node has %',
+            p_index, p_range, p_schema_version, multiregion.schema_version()
+            USING ERRCODE = '55000';
+    END IF;
+    INSERT INTO multiregion.range_txns (txn_id) VALUES (p_txn) ON CONFLICT DO NOTHING;
+    v_new := FOUND;
+    IF v_new THEN
+        PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+        FOR v_change IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
+            PERFORM multiregion.apply_change(v_change->>'s', v_change->>'t', v_change->>'op',
+                                             v_change->'old', v_change->'new');
+        END LOOP;
+        PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+    END IF;
+    INSERT INTO multiregion.range_state VALUES (p_range, p_index)
+        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index;
+    RETURN v_new;
+END
+$fn$;
+
+-- Moves a range's cursor over an entry without rows (a leader's first entry, a membership
+-- change).
+CREATE FUNCTION multiregion.advance_range(p_range bigint, p_index bigint)
+RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    INSERT INTO multiregion.range_state VALUES (p_range, p_index)
+        ON CONFLICT (range_id) DO UPDATE SET applied_index = greatest(multiregion.range_state.applied_index, excluded.applied_index);
+$fn$;
+REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
+    multiregion.delete_row(regclass, text, jsonb),
+    multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint),
+    multiregion.advance_range(bigint, bigint) FROM PUBLIC;
+"#,
+    name = "replication",
+    requires = [capture, "catalog"]
+);
+
+#[cfg(test)]
+mod tests {
+    use super::list_value;
+
+    #[test]
+    fn list_partition_bounds_give_their_value() {
+        assert_eq!(
+            list_value("FOR VALUES IN ('us-east1')").as_deref(),
+            Some("us-east1")
+        );
+        assert_eq!(
+            list_value("FOR VALUES IN ('it''s')").as_deref(),
+            Some("it's")
+        );
+        assert_eq!(list_value("DEFAULT"), None);
+    }
+}
