@@ -49,8 +49,11 @@ pub use types::{RangeRaft, TxnWrite};
 /// leaseholders, a write must run on the leaseholder's node, so it is off by default.
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
 
-const HEARTBEAT_MS: u64 = 400;
-const ELECTION_TIMEOUT_MS: (u64, u64) = (1500, 3000);
+/// Heartbeats above the slowest simulated RTT (132 ms); elections after a few missed ones, so
+/// that a lost leaseholder is replaced within seconds (openraft also waits out the old
+/// leader's lease before a vote is granted, so failover takes about two timeouts).
+const HEARTBEAT_MS: u64 = 250;
+const ELECTION_TIMEOUT_MS: (u64, u64) = (1000, 2000);
 /// How long a write waits for its range to have a leader, and for its commit.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A learner is promoted once at most this many entries behind.
@@ -94,6 +97,11 @@ impl Group {
         {
             self.serving_since
                 .store(crate::node::now_ms(), Ordering::SeqCst);
+            tracing::info!(
+                range_id = self.range_id,
+                index,
+                "the applier passed the fence; serving writes"
+            );
         }
     }
 
@@ -114,7 +122,14 @@ impl Group {
             return None;
         }
         if self.fenced_term.swap(m.current_term, Ordering::SeqCst) != m.current_term {
-            self.fence_at(m.last_log_index.unwrap_or(0));
+            let fence = m.last_log_index.unwrap_or(0);
+            tracing::info!(
+                range_id = self.range_id,
+                term = m.current_term,
+                fence,
+                "leading the range; writes wait until the applier reaches the fence"
+            );
+            self.fence_at(fence);
         }
         Some(m.current_term)
     }
@@ -541,6 +556,7 @@ impl Ranges {
                 "range {range_id} changed leaseholder or has a write of unknown outcome since this transaction began; its reads may miss committed writes"
             )));
         }
+        let started = Instant::now();
         let resp = match tokio::time::timeout(WRITE_TIMEOUT, g.raft.client_write(write)).await {
             Ok(Ok(resp)) => resp,
             Ok(Err(e)) if e.forward_to_leader().is_some() => {
@@ -558,10 +574,15 @@ impl Ranges {
             }
         };
         let index = resp.log_id.index;
+        let committed_after = started.elapsed();
         // Commit locally in log order: every earlier entry is applied here first.
         let mut applied = g.applied.subscribe();
         let wait = applied.wait_for(|a| *a + 1 >= index);
-        if tokio::time::timeout(WRITE_TIMEOUT, wait).await.is_err() {
+        let ordered = tokio::time::timeout(WRITE_TIMEOUT, wait).await.is_ok();
+        if started.elapsed() > Duration::from_secs(1) {
+            tracing::warn!(range_id, index, ?committed_after, total = ?started.elapsed(), "a slow replicated write");
+        }
+        if !ordered {
             g.fence_at(index);
             return Err(WriteError::Ambiguous(format!(
                 "range {range_id}'s entry {index} committed, but this node could not apply the entries before it in time"
