@@ -658,6 +658,12 @@ impl Node {
                     Err(e) => crate::range::write_error(e),
                 }
             }
+            LocalRequest::ReadBarrier { database, targets } => {
+                match self.ranges().read_barrier(&database, &targets).await {
+                    Ok(enabled) => LocalResponse::ReadBarrier { enabled },
+                    Err(e) => crate::range::write_error(e),
+                }
+            }
             LocalRequest::AbandonTxn { range_id, index } => {
                 self.ranges().abandon(range_id, index);
                 LocalResponse::Done
@@ -1214,6 +1220,10 @@ impl Handler for Node {
                 body,
             } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move { r.serve_raft(group, to, kind, body).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::RangeReadIndex { range_id } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_read_index(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::RangeProgress => {

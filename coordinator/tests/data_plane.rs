@@ -196,6 +196,57 @@ async fn rows_written_on_the_leaseholder_reach_every_replica_exactly_once() {
     assert_eq!(converged(&nodes, &[0, 1, 2]).await.0, 0);
 }
 
+/// A read on any replica sees every write acknowledged before it began: each insert through
+/// the leaseholder is read back at once through both followers, whose appliers lag the
+/// leaseholder by at least half a WAN round trip without the read barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_followers_see_every_acknowledged_write() {
+    let dir = scratch("data-reads");
+    let nodes = start_cluster(dir.path(), 32, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let holder = bank(&nodes).await as usize - 1;
+    let mut w = connect(&nodes[holder], "bank").await.unwrap();
+    let mut followers = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        if i != holder {
+            followers.push(connect(n, "bank").await.unwrap());
+        }
+    }
+    for id in 1..=30i32 {
+        sqlx::query("INSERT INTO accounts VALUES ($1, $1, NULL)")
+            .bind(id)
+            .execute(&mut w)
+            .await
+            .unwrap();
+        for f in followers.iter_mut() {
+            let seen: Option<i64> =
+                sqlx::query_scalar("SELECT balance FROM accounts WHERE id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *f)
+                    .await
+                    .unwrap();
+            assert_eq!(
+                seen,
+                Some(id as i64),
+                "a follower missed acknowledged write {id}"
+            );
+        }
+    }
+    // Inside a READ COMMITTED transaction each statement sees what was acknowledged before it.
+    let f = &mut followers[0];
+    exec(f, "BEGIN").await;
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&mut *f)
+        .await
+        .unwrap();
+    exec(&mut w, "INSERT INTO accounts VALUES (31, 31, NULL)").await;
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts")
+        .fetch_one(&mut *f)
+        .await
+        .unwrap();
+    exec(f, "COMMIT").await;
+    assert_eq!((before, after), (30, 31));
+}
+
 /// Writers insert through the leaseholder while its node (pgmr and PostgreSQL) is killed: the
 /// lease moves to another voter within the test's bound, every acknowledged insert is on every
 /// replica exactly once afterwards, and the restarted node catches up.

@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 /// The `post_parse_analyze_hook` found at load time (another extension's, or none).
 static PREV_POST_PARSE_ANALYZE: OnceLock<pg_sys::post_parse_analyze_hook_type> = OnceLock::new();
 
+/// The `ExecutorStart_hook` found at load time.
+static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
+
 /// The `ProcessUtility_hook` found at load time.
 static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 
@@ -23,6 +26,8 @@ pub fn init() {
         pg_sys::post_parse_analyze_hook = Some(post_parse_analyze);
         let _ = PREV_PROCESS_UTILITY.set(pg_sys::ProcessUtility_hook);
         pg_sys::ProcessUtility_hook = Some(process_utility);
+        let _ = PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook);
+        pg_sys::ExecutorStart_hook = Some(executor_start);
         pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0));
     }
 }
@@ -99,9 +104,31 @@ unsafe extern "C-unwind" fn process_utility(
     }
 }
 
+/// Before a query runs: a read of replicated tables first waits until this node has applied
+/// every write acknowledged before it ([`crate::replication::read_barrier`]).
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: i32) {
+    // SAFETY: PostgreSQL passes the QueryDesc it is about to start, valid and ours for the
+    // call; null is checked.
+    unsafe {
+        if let Some(qd) = query_desc.as_mut() {
+            crate::replication::read_barrier(qd, eflags);
+        }
+    }
+    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments.
+    unsafe {
+        match PREV_EXECUTOR_START.get() {
+            Some(Some(prev)) => prev(query_desc, eflags),
+            _ => pg_sys::standard_ExecutorStart(query_desc, eflags),
+        }
+    }
+}
+
 /// A relation's cached definition changed (or, with an invalid OID, all of them may have).
 #[pg_guard]
 #[allow(unsafe_code)]
 unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     crate::rewrite::forget(relid);
+    crate::replication::forget(relid);
 }

@@ -29,6 +29,8 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 /// One captured row change.
 struct Change {
@@ -49,6 +51,11 @@ struct Txn {
 
 thread_local! {
     static TXN: RefCell<Txn> = RefCell::new(Txn::default());
+    /// Where each captured relation's rows belong, by relid (`None`: not replicated).
+    static TARGETS: RefCell<std::collections::HashMap<u32, Option<Rc<Target>>>> =
+        RefCell::new(std::collections::HashMap::new());
+    /// Until when reads skip the barrier: pgmr said row replication is off.
+    static BARRIER_OFF_UNTIL: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
     /// Above zero while the extension runs a schema change.
     static SUPPRESS: RefCell<u32> = const { RefCell::new(0) };
 }
@@ -197,18 +204,156 @@ const TARGET: &str = "SELECT n.nspname::text, c.relname::text, \
     LEFT JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace \
     WHERE c.oid = $1";
 
-fn target(relid: pg_sys::Oid) -> Option<Target> {
-    let row = spi::read_rows(TARGET, vec![relid.into()])
+/// Where `relid`'s rows belong; cached per backend until the relation changes.
+fn target(relid: pg_sys::Oid) -> Option<Rc<Target>> {
+    let key = relid.to_u32();
+    if let Some(t) = TARGETS.with(|m| m.borrow().get(&key).cloned()) {
+        return t;
+    }
+    let t = spi::read_rows(TARGET, vec![relid.into()])
         .into_iter()
-        .next()?;
-    let col = |i: usize| row.get(i).cloned().flatten();
-    Some(Target {
-        leaf_schema: col(0)?,
-        leaf: col(1)?,
-        schema: col(2)?,
-        table: col(3)?,
-        partition: col(4).as_deref().and_then(list_value),
-    })
+        .next()
+        .and_then(|row| {
+            let col = |i: usize| row.get(i).cloned().flatten();
+            Some(Rc::new(Target {
+                leaf_schema: col(0)?,
+                leaf: col(1)?,
+                schema: col(2)?,
+                table: col(3)?,
+                partition: col(4).as_deref().and_then(list_value),
+            }))
+        });
+    TARGETS.with(|m| m.borrow_mut().insert(key, t.clone()));
+    t
+}
+
+/// Forgets what was cached about `relid` (all relations for `InvalidOid`).
+pub fn forget(relid: pg_sys::Oid) {
+    TARGETS.with(|m| {
+        let mut m = m.borrow_mut();
+        if relid == pg_sys::InvalidOid {
+            m.clear();
+        } else {
+            m.remove(&relid.to_u32());
+        }
+    });
+}
+
+/// Whether a relation has the capture trigger, i.e. its rows are replicated.
+///
+/// # Safety
+/// `relid` is locked by the caller (as the executor's relations are).
+#[allow(unsafe_code)]
+unsafe fn is_replicated(relid: pg_sys::Oid) -> bool {
+    // SAFETY: the relation is locked; the relcache entry is pinned between open and close and
+    // its trigger descriptor only read.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return false;
+        }
+        let mut found = false;
+        let td = (*rel).trigdesc;
+        if !td.is_null() {
+            for i in 0..(*td).numtriggers as usize {
+                let t = &*(*td).triggers.add(i);
+                if !t.tgname.is_null()
+                    && std::ffi::CStr::from_ptr(t.tgname).to_bytes() == b"multiregion_capture"
+                {
+                    found = true;
+                    break;
+                }
+            }
+        }
+        pg_sys::RelationClose(rel);
+        found
+    }
+}
+
+/// Before a SELECT of replicated tables runs: waits until this node has applied every write
+/// to their ranges acknowledged before now (Raft read-index through each range's leader),
+/// then, under READ COMMITTED, gives the query a snapshot taken after the wait. Under
+/// REPEATABLE READ and SERIALIZABLE the transaction's snapshot was taken before the first
+/// statement's barrier, so a transaction that starts on a follower may miss writes
+/// acknowledged just before it (bounded by the apply lag).
+///
+/// # Safety
+/// `qd` is the QueryDesc PostgreSQL is about to start.
+#[allow(unsafe_code)]
+pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
+    if gucs::sidecar_socket().is_none()
+        || qd.operation != pg_sys::CmdType::CMD_SELECT
+        || eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0
+        || qd.plannedstmt.is_null()
+    {
+        return;
+    }
+    if BARRIER_OFF_UNTIL
+        .with(|c| c.get())
+        .is_some_and(|t| Instant::now() < t)
+    {
+        return;
+    }
+    // SAFETY: a parallel worker reads under its leader's snapshot; the leader did the wait.
+    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+        return;
+    }
+    let mut relids = Vec::new();
+    // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
+    // the query's life; each relation in it is locked by the executor's caller.
+    unsafe {
+        let rtable = (*qd.plannedstmt).rtable;
+        if !rtable.is_null() {
+            for i in 0..(*rtable).length {
+                let rte = pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
+                if !rte.is_null()
+                    && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+                    && (*rte).relkind as u8 == b'r'
+                    && is_replicated((*rte).relid)
+                {
+                    relids.push((*rte).relid);
+                }
+            }
+        }
+    }
+    if relids.is_empty() {
+        return;
+    }
+    let database =
+        spi::read_one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default();
+    let mut targets: Vec<(mr_meta::TableRef, Option<String>)> = Vec::new();
+    for relid in relids {
+        if let Some(t) = target(relid) {
+            let r = mr_meta::TableRef {
+                database: database.clone(),
+                schema: t.schema.clone(),
+                table: t.table.clone(),
+            };
+            let entry = (r, t.partition.clone());
+            if !targets.contains(&entry) {
+                targets.push(entry);
+            }
+        }
+    }
+    match sidecar::read_barrier(database, targets) {
+        Ok(false) => {
+            BARRIER_OFF_UNTIL.with(|c| c.set(Some(Instant::now() + Duration::from_secs(1))))
+        }
+        Ok(true) => {
+            // SAFETY: under READ COMMITTED each statement may take a new snapshot. The
+            // QueryDesc holds a registration of its snapshot (CreateQueryDesc registers it,
+            // FreeQueryDesc unregisters it) under the current resource owner, so the new one
+            // is registered the same way before the old one is let go.
+            unsafe {
+                if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+                    let fresh = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+                    pg_sys::UnregisterSnapshot(qd.snapshot);
+                    qd.snapshot = fresh;
+                }
+            }
+        }
+        Err(e) => e.raise(),
+    }
 }
 
 /// The value of a one-value LIST partition bound, `FOR VALUES IN ('us-east1')`.
@@ -248,7 +393,7 @@ fn pre_commit() -> Result<(), MrError> {
             pg_sys::ffi::pg_guard_ffi_boundary(|| PreCommit_CheckForSerializationFailure());
         }
     }
-    let mut targets: BTreeMap<u32, Target> = BTreeMap::new();
+    let mut targets: BTreeMap<u32, Rc<Target>> = BTreeMap::new();
     let mut json = String::from("[");
     let mut first = true;
     for c in &changes {

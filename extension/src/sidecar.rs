@@ -84,6 +84,22 @@ pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
     }
 }
 
+/// Waits until this node has applied every write to `targets` acknowledged before now;
+/// `Ok(false)` when row replication is off.
+pub fn read_barrier(
+    database: String,
+    targets: Vec<(mr_meta::TableRef, Option<String>)>,
+) -> Result<bool, MrError> {
+    let req = LocalRequest::ReadBarrier { database, targets };
+    match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
+        LocalResponse::ReadBarrier { enabled } => Ok(enabled),
+        LocalResponse::Unsupported { message, hint } => {
+            Err(MrError::WriteNotServed { message, hint })
+        }
+        other => Err(unexpected("read_barrier", &other)),
+    }
+}
+
 /// Tells pgmr that a replicated transaction did not commit here.
 pub fn abandon_txn(range_id: u64, index: u64) -> Result<(), MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
@@ -268,6 +284,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::RangeProgress { .. } => "range_progress",
         LocalResponse::Replicated { .. } => "replicated",
         LocalResponse::NotReplicated => "not_replicated",
+        LocalResponse::ReadBarrier { .. } => "read_barrier",
         LocalResponse::Unsupported { .. } => "unsupported",
     };
     MrError::UnexpectedResponse { request, response }

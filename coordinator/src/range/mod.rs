@@ -146,6 +146,15 @@ pub struct Ranges {
     pg: Arc<PgState>,
 }
 
+/// The ranges a set of targets maps to.
+struct Resolved {
+    enabled: bool,
+    /// (range id, leaseholder).
+    ranges: BTreeSet<(u64, Option<u64>)>,
+    /// Targets of replicated tables without a range yet.
+    missing: Vec<String>,
+}
+
 /// Why a write could not be replicated.
 pub enum WriteError {
     /// Nothing was proposed; the transaction may simply be retried (40001).
@@ -474,33 +483,14 @@ impl Ranges {
         write: TxnWrite,
         txn_start_ms: u64,
     ) -> Result<Option<(u64, u64)>, WriteError> {
-        let (enabled, ranges) = self.meta.read(|s| {
-            let enabled = matches!(
-                s.cluster_setting(REPLICATION_SETTING),
-                Some("true" | "on" | "1")
-            );
-            let mut ranges = BTreeSet::new();
-            let mut missing = Vec::new();
-            for (t, p) in &targets {
-                let replicated = s
-                    .catalog()
-                    .any(|(db, ts)| *db == database && ts.contains(t));
-                if !replicated {
-                    continue;
-                }
-                match s.ranges().find(|r| &r.table == t && &r.partition == p) {
-                    Some(r) => {
-                        ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
-                    }
-                    None => missing.push(format!("{}.{} {:?}", t.schema, t.table, p)),
-                }
-            }
-            (enabled, (ranges, missing))
-        });
+        let Resolved {
+            enabled,
+            ranges,
+            missing,
+        } = self.resolve(&database, &targets);
         if !enabled {
             return Ok(None);
         }
-        let (ranges, missing) = ranges;
         if !missing.is_empty() {
             return Err(WriteError::Retryable(format!(
                 "the range of {} is not created yet",
@@ -589,6 +579,153 @@ impl Ranges {
             )));
         }
         Ok(Some((range_id, index)))
+    }
+
+    /// The ranges that hold `targets` (table, REGIONAL BY ROW partition; a partition of a table
+    /// that is one range maps to that range), with their leaseholders as the meta group
+    /// records them.
+    fn resolve(&self, database: &str, targets: &[(TableRef, Option<String>)]) -> Resolved {
+        self.meta.read(|s| {
+            let enabled = matches!(
+                s.cluster_setting(REPLICATION_SETTING),
+                Some("true" | "on" | "1")
+            );
+            let mut ranges = BTreeSet::new();
+            let mut missing = Vec::new();
+            for (t, p) in targets {
+                let replicated = s.catalog().any(|(db, ts)| db == database && ts.contains(t));
+                if !replicated {
+                    continue;
+                }
+                let exact = s.ranges().find(|r| &r.table == t && &r.partition == p);
+                let whole = || s.ranges().find(|r| &r.table == t && r.partition.is_none());
+                match exact.or_else(whole) {
+                    Some(r) => {
+                        ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
+                    }
+                    None => missing.push(match p {
+                        Some(p) => format!("{}.{} (partition {p})", t.schema, t.table),
+                        None => format!("{}.{}", t.schema, t.table),
+                    }),
+                }
+            }
+            Resolved {
+                enabled,
+                ranges,
+                missing,
+            }
+        })
+    }
+
+    /// Waits until this node has applied every write acknowledged before the call to the
+    /// ranges of `targets`: the range's leader confirms its leadership with a quorum and names
+    /// its commit index (Raft read-index), and this node's applier reaches it. A node without
+    /// a replica cannot serve the read (until reads are routed). `Ok(false)`: replication is
+    /// off, nothing to wait for.
+    pub async fn read_barrier(
+        &self,
+        database: &str,
+        targets: &[(TableRef, Option<String>)],
+    ) -> Result<bool, WriteError> {
+        let Resolved {
+            enabled, ranges, ..
+        } = self.resolve(database, targets);
+        if !enabled {
+            return Ok(false);
+        }
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        for (range_id, holder) in ranges {
+            let Some(g) = self.group(range_id) else {
+                return Err(WriteError::Unsupported {
+                    message: format!(
+                        "node {} holds no replica of range {range_id} (leaseholder: node {})",
+                        self.me,
+                        holder.map_or("none yet".into(), |h| h.to_string())
+                    ),
+                    hint: "Read on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges; reads are not routed to replicas yet.".into(),
+                });
+            };
+            let index = loop {
+                match self.read_index(&g).await {
+                    Ok(i) => break i,
+                    Err(e) if Instant::now() >= deadline => return Err(WriteError::Retryable(e)),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            };
+            let mut applied = g.applied.subscribe();
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(remaining, applied.wait_for(|a| *a >= index))
+                .await
+                .is_err()
+            {
+                return Err(WriteError::Retryable(format!(
+                    "this node has not applied range {range_id} up to its read index {index} in time"
+                )));
+            }
+        }
+        Ok(true)
+    }
+
+    /// The range's read index: its leader's commit index, with leadership confirmed.
+    async fn read_index(&self, g: &Group) -> Result<u64, String> {
+        let m = g.raft.metrics().borrow().clone();
+        match m.current_leader {
+            None => Err(format!("range {} has no leader", g.range_id)),
+            Some(l) if l == self.me => match g.raft.get_read_log_id().await {
+                Ok((read, _)) => {
+                    // A new leader serves nothing before its applier passes the fence.
+                    g.leading();
+                    if g.serving_since.load(Ordering::SeqCst) == NOT_SERVING {
+                        return Err(format!("range {} is catching up", g.range_id));
+                    }
+                    Ok(read.map_or(0, |l| l.index))
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            Some(l) => {
+                let addr = m
+                    .membership_config
+                    .membership()
+                    .get_node(&l)
+                    .map(|n| n.rpc_addr.clone())
+                    .ok_or_else(|| format!("leader {l} has no known address"))?;
+                let req = PeerRequest::RangeReadIndex {
+                    range_id: g.range_id,
+                };
+                match self
+                    .transport
+                    .call(&addr, req, Duration::from_secs(3))
+                    .await
+                {
+                    Ok(PeerResponse::ReadIndex { index }) => Ok(index),
+                    Ok(other) => Err(format!("node {l} answered {other:?}")),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Serves a follower's read-index request for a range this node leads.
+    pub async fn serve_read_index(&self, range_id: u64) -> PeerResponse {
+        let Some(g) = self.group(range_id) else {
+            return PeerResponse::NotLeader {
+                leader_id: None,
+                leader_addr: None,
+            };
+        };
+        if g.leading().is_none() {
+            return PeerResponse::NotLeader {
+                leader_id: g.raft.metrics().borrow().current_leader,
+                leader_addr: None,
+            };
+        }
+        match self.read_index(&g).await {
+            Ok(index) => PeerResponse::ReadIndex { index },
+            Err(message) => PeerResponse::Error {
+                message,
+                retryable: true,
+            },
+        }
     }
 
     /// A local transaction gave up on entry `index` of `range_id` (its outcome there is

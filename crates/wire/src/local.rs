@@ -109,6 +109,13 @@ pub enum LocalRequest {
         range_id: u64,
         index: u64,
     },
+    /// Waits until this node has applied every write to these (table, partition) ranges that
+    /// was acknowledged before the call (Raft read-index through each range's leader):
+    /// [`LocalResponse::ReadBarrier`].
+    ReadBarrier {
+        database: String,
+        targets: Vec<(TableRef, Option<String>)>,
+    },
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -204,6 +211,11 @@ pub enum LocalResponse {
         index: u64,
     },
     NotReplicated,
+    /// The barrier is passed; `enabled: false` when row replication is off (the caller may
+    /// skip barriers for a while).
+    ReadBarrier {
+        enabled: bool,
+    },
     /// The request cannot be served as things are (SQLSTATE 0A000), with a hint.
     Unsupported {
         message: String,

@@ -70,6 +70,9 @@ pub enum PeerRequest {
     MetaReadIndex,
     /// Asks the meta group's leader for each member's replication progress.
     MetaProgress,
+    /// Asks a range's leader for a read index (leadership confirmed by a quorum):
+    /// [`PeerResponse::ReadIndex`] or [`PeerResponse::NotLeader`].
+    RangeReadIndex { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
     /// Periodic liveness probe that also gossips membership and measured RTTs.
