@@ -72,6 +72,12 @@ pub enum DebugCommand {
     },
     /// Remove the faults on the links to PEERS (all links without --peers).
     Heal(FaultTarget),
+    /// Compare a checksum of every replica of every range; exits 1 naming any that differ.
+    CheckConsistency {
+        /// Data directory of any running node (its socket is DATA_DIR/run/pgmr.sock).
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Args, Debug, Clone)]

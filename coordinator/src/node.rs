@@ -658,6 +658,12 @@ impl Node {
                     Err(e) => crate::range::write_error(e),
                 }
             }
+            LocalRequest::ReplicationEnabled => LocalResponse::ReadBarrier {
+                enabled: self.ranges().enabled(),
+            },
+            LocalRequest::CheckConsistency => LocalResponse::Consistency {
+                replicas: self.ranges().check_consistency().await,
+            },
             LocalRequest::ReadBarrier { database, targets } => {
                 match self.ranges().read_barrier(&database, &targets).await {
                     Ok(enabled) => LocalResponse::ReadBarrier { enabled },
@@ -1220,6 +1226,10 @@ impl Handler for Node {
                 body,
             } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move { r.serve_raft(group, to, kind, body).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::RangeChecksum { range_id } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_checksum(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::RangeReadIndex { range_id } => match self.ranges.get().cloned() {

@@ -4,6 +4,7 @@ use crate::cli::{DebugCommand, NodeCommand, StatusArgs};
 use anyhow::{anyhow, bail, Result};
 use mr_wire::framing::call_local;
 use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, MetaGroup, Status};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -180,6 +181,7 @@ pub async fn node(cmd: NodeCommand) -> Result<()> {
 /// `pgmr debug partition|fault|heal`: changes a node's link faults and prints those in force.
 pub async fn debug(cmd: DebugCommand) -> Result<()> {
     let (target, fault) = match cmd {
+        DebugCommand::CheckConsistency { data_dir } => return check_consistency(&data_dir).await,
         DebugCommand::Partition(t) => (
             t,
             Some(LinkFault {
@@ -222,4 +224,56 @@ pub async fn debug(cmd: DebugCommand) -> Result<()> {
         LocalResponse::Error { message, .. } => Err(anyhow!(message)),
         other => Err(anyhow!("unexpected answer {other:?}")),
     }
+}
+
+/// `pgmr debug check-consistency`: one line per replica; fails if any range's replicas differ
+/// or could not be compared.
+async fn check_consistency(data_dir: &std::path::Path) -> Result<()> {
+    let req = LocalRequest::CheckConsistency;
+    let replicas = match ask_within(&socket_of(data_dir), req, Duration::from_secs(300)).await? {
+        LocalResponse::Consistency { replicas } => replicas,
+        LocalResponse::Error { message, .. } => bail!(message),
+        other => bail!("unexpected answer {other:?}"),
+    };
+    println!(
+        "{:>6} {:>5} {:>8} {:>8}  {:<32}  status",
+        "range", "node", "applied", "rows", "checksum"
+    );
+    let mut bad = BTreeSet::new();
+    for r in &replicas {
+        let status = match (&r.error, r.consistent) {
+            (Some(e), _) => e.clone(),
+            (None, true) => "ok".into(),
+            (None, false) => "DIFFERS".into(),
+        };
+        if !r.consistent {
+            bad.insert(r.range_id);
+        }
+        let n = |v: Option<u64>| v.map_or("-".into(), |v| v.to_string());
+        println!(
+            "{:>6} {:>5} {:>8} {:>8}  {:<32}  {status}",
+            r.range_id,
+            r.node_id,
+            n(r.applied_index),
+            n(r.row_count),
+            r.checksum.as_deref().unwrap_or("-"),
+        );
+    }
+    if !bad.is_empty() {
+        let list: Vec<String> = bad.iter().map(u64::to_string).collect();
+        bail!(
+            "replicas differ or could not be compared in ranges {}",
+            list.join(", ")
+        );
+    }
+    println!(
+        "{} replicas of {} ranges agree",
+        replicas.len(),
+        replicas
+            .iter()
+            .map(|r| r.range_id)
+            .collect::<BTreeSet<_>>()
+            .len()
+    );
+    Ok(())
 }

@@ -111,6 +111,9 @@ pub enum MrError {
     /// A replicated write that cannot be served on this node as things are.
     #[error("{message}")]
     WriteNotServed { message: String, hint: String },
+    /// A transaction's replicated changes would not fit one Raft entry.
+    #[error("the transaction's replicated changes ({bytes} bytes) exceed the limit of {limit} bytes for one transaction")]
+    WriteSetTooLarge { bytes: usize, limit: usize },
     /// A replicated write was requested inside PREPARE TRANSACTION.
     #[error("PREPARE TRANSACTION is not supported for transactions that write replicated tables")]
     PrepareReplicated,
@@ -140,6 +143,7 @@ impl MrError {
             MrError::Timeout { .. } | MrError::Broken { .. } => ERRCODE_CONNECTION_FAILURE,
             MrError::Interrupted => ERRCODE_QUERY_CANCELED,
             MrError::Sidecar(_) => ERRCODE_SYSTEM_ERROR,
+            MrError::WriteSetTooLarge { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
             MrError::WriteNotServed { .. } | MrError::PrepareReplicated => {
                 ERRCODE_FEATURE_NOT_SUPPORTED
             }
@@ -242,6 +246,10 @@ impl MrError {
             MrError::Ambiguous(_) => {
                 Some("The change may or may not have been applied; check before retrying.")
             }
+            MrError::WriteSetTooLarge { .. } => Some(
+                "Split the transaction into smaller ones (bulk loads in batches of a few thousand \
+                 rows).",
+            ),
             MrError::SettingNameMissing => Some(
                 "Pass the setting's name first and its value second; a NULL value resets the \
                  setting.",

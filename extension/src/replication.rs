@@ -32,6 +32,12 @@ use std::fmt::Write;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// Write sets above this size first ask pgmr whether replication is on.
+const ASK_FIRST_ABOVE: usize = 256 * 1024;
+/// The largest write set one transaction may replicate: one Raft entry, well inside the
+/// 16 MiB frame limit of both channels.
+const MAX_WRITE_SET: usize = 8 * 1024 * 1024;
+
 /// One captured row change.
 struct Change {
     relid: pg_sys::Oid,
@@ -393,6 +399,21 @@ fn pre_commit() -> Result<(), MrError> {
             pg_sys::ffi::pg_guard_ffi_boundary(|| PreCommit_CheckForSerializationFailure());
         }
     }
+    // A large write set is only built once replication is known to be on (a bulk load into a
+    // cluster without row replication must not pay for it); small ones ask in the same call.
+    let approx: usize = changes
+        .iter()
+        .map(|c| c.old.as_ref().map_or(0, String::len) + c.new.as_ref().map_or(0, String::len) + 64)
+        .sum();
+    if approx > ASK_FIRST_ABOVE && !sidecar::replication_enabled()? {
+        return Ok(());
+    }
+    if approx > MAX_WRITE_SET {
+        return Err(MrError::WriteSetTooLarge {
+            bytes: approx,
+            limit: MAX_WRITE_SET,
+        });
+    }
     let mut targets: BTreeMap<u32, Rc<Target>> = BTreeMap::new();
     let mut json = String::from("[");
     let mut first = true;
@@ -521,7 +542,7 @@ DECLARE
     v_rel regclass;
 BEGIN
     FOR v_rel IN
-        SELECT c.oid::regclass FROM pg_catalog.pg_event_trigger_ddl_commands() d
+        SELECT DISTINCT c.oid::regclass FROM pg_catalog.pg_event_trigger_ddl_commands() d
           JOIN pg_catalog.pg_class c ON c.oid = d.objid
           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
@@ -624,6 +645,27 @@ BEGIN
 END
 $fn$;
 
+-- One replica's rows of a range, summarised in one snapshot with its applier's cursor: the
+-- consistency check compares these across replicas at the same applied index.
+CREATE FUNCTION multiregion.range_checksum(p_range bigint, p_schema text, p_table text, p_partition text,
+    OUT applied_index bigint, OUT row_count bigint, OUT checksum text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
+BEGIN
+    IF p_partition IS NOT NULL AND EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
+        SELECT c.oid::regclass INTO v_rel
+          FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = v_rel
+           AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (%L)', p_partition);
+    END IF;
+    EXECUTE format('SELECT coalesce((SELECT s.applied_index FROM multiregion.range_state s WHERE s.range_id = $1), 0), '
+                   'count(*), md5(coalesce(string_agg(t::text, %L ORDER BY t::text), %L)) FROM %s t',
+                   E'\n', '', v_rel)
+       INTO applied_index, row_count, checksum USING p_range;
+END
+$fn$;
+
 -- Moves a range's cursor over an entry without rows (a leader's first entry, a membership
 -- change).
 CREATE FUNCTION multiregion.advance_range(p_range bigint, p_index bigint)
@@ -634,7 +676,8 @@ $fn$;
 REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
     multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint),
-    multiregion.advance_range(bigint, bigint) FROM PUBLIC;
+    multiregion.advance_range(bigint, bigint),
+    multiregion.range_checksum(bigint, text, text, text) FROM PUBLIC;
 "#,
     name = "replication",
     requires = [capture, "catalog"]

@@ -100,6 +100,14 @@ pub fn read_barrier(
     }
 }
 
+/// Whether row replication is on.
+pub fn replication_enabled() -> Result<bool, MrError> {
+    match call(LocalRequest::ReplicationEnabled)? {
+        LocalResponse::ReadBarrier { enabled } => Ok(enabled),
+        other => Err(unexpected("replication_enabled", &other)),
+    }
+}
+
 /// Tells pgmr that a replicated transaction did not commit here.
 pub fn abandon_txn(range_id: u64, index: u64) -> Result<(), MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
@@ -107,6 +115,22 @@ pub fn abandon_txn(range_id: u64, index: u64) -> Result<(), MrError> {
     match call_local(&path, &req, Duration::from_secs(5), || true)? {
         LocalResponse::Done => Ok(()),
         other => Err(unexpected("abandon_txn", &other)),
+    }
+}
+
+/// Every range replica's Raft and apply progress, from every live node.
+pub fn range_progress() -> Result<Vec<mr_wire::local::RangeProgress>, MrError> {
+    match call_meta(LocalRequest::RangeProgress)? {
+        LocalResponse::RangeProgress { replicas } => Ok(replicas),
+        other => Err(unexpected("range_progress", &other)),
+    }
+}
+
+/// A checksum of every replica of every range.
+pub fn check_consistency() -> Result<Vec<mr_wire::local::ReplicaChecksum>, MrError> {
+    match call_within(LocalRequest::CheckConsistency, Duration::from_secs(300))? {
+        LocalResponse::Consistency { replicas } => Ok(replicas),
+        other => Err(unexpected("check_consistency", &other)),
     }
 }
 
@@ -285,6 +309,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Replicated { .. } => "replicated",
         LocalResponse::NotReplicated => "not_replicated",
         LocalResponse::ReadBarrier { .. } => "read_barrier",
+        LocalResponse::Consistency { .. } => "consistency",
         LocalResponse::Unsupported { .. } => "unsupported",
     };
     MrError::UnexpectedResponse { request, response }

@@ -24,6 +24,7 @@
 //! up again, since they may have read rows that miss committed entries.
 
 pub mod apply;
+mod check;
 pub mod store;
 pub mod types;
 
@@ -579,6 +580,16 @@ impl Ranges {
             )));
         }
         Ok(Some((range_id, index)))
+    }
+
+    /// Whether row replication is on.
+    pub fn enabled(&self) -> bool {
+        self.meta.read(|s| {
+            matches!(
+                s.cluster_setting(REPLICATION_SETTING),
+                Some("true" | "on" | "1")
+            )
+        })
     }
 
     /// The ranges that hold `targets` (table, REGIONAL BY ROW partition; a partition of a table

@@ -116,6 +116,12 @@ pub enum LocalRequest {
         database: String,
         targets: Vec<(TableRef, Option<String>)>,
     },
+    /// Whether row replication is on (`multiregion.replication.enabled`):
+    /// [`LocalResponse::ReadBarrier`] with `enabled`. Asked before sending a large write set.
+    ReplicationEnabled,
+    /// Compares a checksum of every replica of every range (`pgmr debug check-consistency`,
+    /// `multiregion.check_consistency()`): [`LocalResponse::Consistency`].
+    CheckConsistency,
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -215,6 +221,9 @@ pub enum LocalResponse {
     /// skip barriers for a while).
     ReadBarrier {
         enabled: bool,
+    },
+    Consistency {
+        replicas: Vec<ReplicaChecksum>,
     },
     /// The request cannot be served as things are (SQLSTATE 0A000), with a hint.
     Unsupported {
@@ -387,6 +396,21 @@ pub struct RangeProgress {
     pub applied_index: u64,
     /// On the leader: each member's highest replicated index.
     pub matched: Vec<(u64, u64)>,
+}
+
+/// One replica's rows, summarised at its applied index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaChecksum {
+    pub range_id: u64,
+    pub node_id: u64,
+    /// `None` when the node could not be asked or has no replica running.
+    pub applied_index: Option<u64>,
+    pub row_count: Option<u64>,
+    pub checksum: Option<String>,
+    /// Why there is no checksum, if there is none.
+    pub error: Option<String>,
+    /// Every replica of the range agrees (at one applied index).
+    pub consistent: bool,
 }
 
 /// One range as `multiregion.ranges` shows it (CockroachDB's `SHOW RANGES` columns).

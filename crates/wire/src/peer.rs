@@ -73,6 +73,9 @@ pub enum PeerRequest {
     /// Asks a range's leader for a read index (leadership confirmed by a quorum):
     /// [`PeerResponse::ReadIndex`] or [`PeerResponse::NotLeader`].
     RangeReadIndex { range_id: u64 },
+    /// A checksum of this node's rows of a range at its applied index:
+    /// [`PeerResponse::RangeChecksum`].
+    RangeChecksum { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
     /// Periodic liveness probe that also gossips membership and measured RTTs.
@@ -118,6 +121,11 @@ pub enum PeerResponse {
     },
     RangeProgress {
         ranges: Vec<crate::local::RangeProgress>,
+    },
+    RangeChecksum {
+        applied_index: u64,
+        row_count: u64,
+        checksum: String,
     },
     Error {
         message: String,

@@ -288,13 +288,117 @@ fn range_rows() -> Result<Vec<RangeInfoRow>, MrError> {
         .collect()
 }
 
+/// The columns of `range_replicas_info()`, in order.
+type ReplicaRow = (i64, i64, String, Option<i64>, i64, i64, i64, i64, i64);
+
+/// Every range replica's Raft and apply progress, as each live node reports it; the view
+/// `multiregion.range_replicas` shows it. `lag` counts the committed entries this replica has
+/// not applied yet (against the highest commit index any replica of the range reports).
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "multiregion")]
+fn range_replicas_info() -> TableIterator<
+    'static,
+    (
+        name!(range_id, i64),
+        name!(node_id, i64),
+        name!(raft_state, String),
+        name!(leader, Option<i64>),
+        name!(term, i64),
+        name!(last_log_index, i64),
+        name!(committed_index, i64),
+        name!(applied_index, i64),
+        name!(lag, i64),
+    ),
+> {
+    TableIterator::new(replica_rows().or_raise())
+}
+
+fn replica_rows() -> Result<Vec<ReplicaRow>, MrError> {
+    let replicas = sidecar::range_progress()?;
+    let mut top: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in &replicas {
+        let t = top.entry(r.range_id).or_default();
+        *t = (*t).max(r.committed_index);
+    }
+    replicas
+        .into_iter()
+        .map(|r| {
+            let lag = top[&r.range_id].saturating_sub(r.applied_index);
+            Ok((
+                bigint("range_id", r.range_id)?,
+                bigint("node_id", r.node_id)?,
+                r.raft_state,
+                r.leader.map(|l| bigint("leader", l)).transpose()?,
+                bigint("term", r.term)?,
+                bigint("last_log_index", r.last_log_index)?,
+                bigint("committed_index", r.committed_index)?,
+                bigint("applied_index", r.applied_index)?,
+                bigint("lag", lag)?,
+            ))
+        })
+        .collect()
+}
+
+/// The type of `check_consistency()`'s rows.
+type ChecksumRow = (
+    i64,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    bool,
+    Option<String>,
+);
+
+/// Compares a checksum of every replica of every range (`pgmr debug check-consistency`):
+/// one row per replica, `consistent` false for every replica of a range whose replicas
+/// differ. Superuser only: it reads every table of every database.
+#[allow(clippy::type_complexity)]
+#[pg_extern(schema = "multiregion")]
+fn check_consistency() -> TableIterator<
+    'static,
+    (
+        name!(range_id, i64),
+        name!(node_id, i64),
+        name!(applied_index, Option<i64>),
+        name!(row_count, Option<i64>),
+        name!(checksum, Option<String>),
+        name!(consistent, bool),
+        name!(error, Option<String>),
+    ),
+> {
+    TableIterator::new(checksum_rows().or_raise())
+}
+
+fn checksum_rows() -> Result<Vec<ChecksumRow>, MrError> {
+    sidecar::check_consistency()?
+        .into_iter()
+        .map(|r| {
+            Ok((
+                bigint("range_id", r.range_id)?,
+                bigint("node_id", r.node_id)?,
+                r.applied_index
+                    .map(|v| bigint("applied_index", v))
+                    .transpose()?,
+                r.row_count.map(|v| bigint("row_count", v)).transpose()?,
+                r.checksum,
+                r.consistent,
+                r.error,
+            ))
+        })
+        .collect()
+}
+
 extension_sql!(
     r#"
 CREATE VIEW multiregion.ranges AS
     SELECT * FROM multiregion.ranges_info() ORDER BY range_id;
+CREATE VIEW multiregion.range_replicas AS
+    SELECT * FROM multiregion.range_replicas_info() ORDER BY range_id, node_id;
+REVOKE EXECUTE ON FUNCTION multiregion.check_consistency() FROM PUBLIC;
 "#,
     name = "ranges_view",
-    requires = [ranges_info]
+    requires = [ranges_info, range_replicas_info, check_consistency]
 );
 
 extension_sql!(

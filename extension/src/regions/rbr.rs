@@ -225,7 +225,8 @@ fn capture(relid: Oid) -> Result<Shape, MrError> {
     .collect();
     let triggers = rows(
         "SELECT pg_catalog.pg_get_triggerdef(oid) FROM pg_catalog.pg_trigger \
-         WHERE tgrelid = $1 AND NOT tgisinternal AND tgname NOT LIKE 'mr\\_global\\_key\\_%' ORDER BY tgname",
+         WHERE tgrelid = $1 AND NOT tgisinternal AND tgname NOT LIKE 'mr\\_global\\_key\\_%' \
+           AND tgname NOT LIKE 'multiregion\\_capture%' ORDER BY tgname",
         vec![relid.into()],
     )
     .into_iter()

@@ -1,0 +1,201 @@
+//! The consistency check: every replica of every range holds the same rows.
+//!
+//! Each replica summarises its rows of the range (count and an MD5 over every row's text, in
+//! one snapshot with its applier's cursor) through `multiregion.range_checksum`. Replicas are
+//! only comparable at the same applied index, so under load the check asks again, up to
+//! [`ATTEMPTS`] times, until they agree on one; replicas that still differ in index are
+//! reported as not comparable rather than as inconsistent.
+
+use super::Ranges;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use mr_wire::local::ReplicaChecksum;
+use mr_wire::peer::{PeerRequest, PeerResponse};
+use sqlx::postgres::PgConnection;
+use sqlx::{ConnectOptions, Connection, Row};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+const ATTEMPTS: usize = 20;
+const PAUSE: Duration = Duration::from_millis(250);
+
+/// (applied index, row count, checksum) of one replica.
+type Summary = (u64, u64, String);
+
+impl Ranges {
+    /// This node's summary of its replica of `range_id`.
+    pub async fn local_checksum(&self, range_id: u64) -> Result<Summary, String> {
+        let (table, partition) = self
+            .meta
+            .read(|s| {
+                s.range(range_id)
+                    .map(|r| (r.table.clone(), r.partition.clone()))
+            })
+            .ok_or_else(|| format!("range {range_id} does not exist"))?;
+        if self.group(range_id).is_none() {
+            return Err(format!(
+                "node {} runs no replica of range {range_id}",
+                self.me
+            ));
+        }
+        if self.pg.ready_pid().is_none() {
+            return Err("PostgreSQL is not ready".into());
+        }
+        let mut c = self
+            .pg_cfg
+            .connect_options(&table.database)
+            .application_name("pgmr consistency check")
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = summarise(
+            &mut c,
+            range_id,
+            &table.schema,
+            &table.table,
+            partition.as_deref(),
+        )
+        .await
+        .map_err(|e| e.to_string());
+        let _ = c.close().await;
+        r
+    }
+
+    /// Compares every replica of every range; one row per replica.
+    pub async fn check_consistency(&self) -> Vec<ReplicaChecksum> {
+        let ranges: Vec<(u64, Vec<(u64, String)>)> = self.meta.read(|s| {
+            s.ranges()
+                .map(|r| {
+                    let replicas = r
+                        .replicas
+                        .iter()
+                        .map(|x| {
+                            let addr = s.node(x.node_id).map(|n| n.rpc_addr.clone());
+                            (x.node_id, addr.unwrap_or_default())
+                        })
+                        .collect();
+                    (r.range_id, replicas)
+                })
+                .collect()
+        });
+        let mut out = Vec::new();
+        for (range_id, replicas) in ranges {
+            let mut last = Vec::new();
+            for attempt in 0..ATTEMPTS {
+                let asks = replicas.iter().map(|(node, addr)| async move {
+                    let r = if *node == self.me {
+                        self.local_checksum(range_id).await
+                    } else {
+                        self.remote_checksum(addr, range_id).await
+                    };
+                    (*node, r)
+                });
+                last = futures::future::join_all(asks).await;
+                let indexes: BTreeSet<Option<u64>> = last
+                    .iter()
+                    .map(|(_, r)| r.as_ref().ok().map(|s| s.0))
+                    .collect();
+                if indexes.len() == 1 && !indexes.contains(&None) {
+                    break;
+                }
+                if attempt + 1 < ATTEMPTS {
+                    tokio::time::sleep(PAUSE).await;
+                }
+            }
+            let sums: BTreeSet<Option<&Summary>> =
+                last.iter().map(|(_, r)| r.as_ref().ok()).collect();
+            let consistent = sums.len() == 1 && !sums.contains(&None);
+            let comparable = last
+                .iter()
+                .map(|(_, r)| r.as_ref().ok().map(|s| s.0))
+                .collect::<BTreeSet<_>>()
+                .len()
+                == 1;
+            for (node_id, r) in &last {
+                out.push(match r {
+                    Ok((applied, rows, sum)) => ReplicaChecksum {
+                        range_id,
+                        node_id: *node_id,
+                        applied_index: Some(*applied),
+                        row_count: Some(*rows),
+                        checksum: Some(sum.clone()),
+                        error: (!comparable).then(|| {
+                            "replicas did not reach one applied index during the check".into()
+                        }),
+                        consistent,
+                    },
+                    Err(e) => ReplicaChecksum {
+                        range_id,
+                        node_id: *node_id,
+                        applied_index: None,
+                        row_count: None,
+                        checksum: None,
+                        error: Some(e.clone()),
+                        consistent,
+                    },
+                });
+            }
+        }
+        out
+    }
+
+    async fn remote_checksum(&self, addr: &str, range_id: u64) -> Result<Summary, String> {
+        match self
+            .transport
+            .call(
+                addr,
+                PeerRequest::RangeChecksum { range_id },
+                Duration::from_secs(10),
+            )
+            .await
+        {
+            Ok(PeerResponse::RangeChecksum {
+                applied_index,
+                row_count,
+                checksum,
+            }) => Ok((applied_index, row_count, checksum)),
+            Ok(PeerResponse::Error { message, .. }) => Err(message),
+            Ok(other) => Err(format!("unexpected answer {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Serves a peer's request for this node's summary of a range.
+    pub async fn serve_checksum(&self, range_id: u64) -> PeerResponse {
+        match self.local_checksum(range_id).await {
+            Ok((applied_index, row_count, checksum)) => PeerResponse::RangeChecksum {
+                applied_index,
+                row_count,
+                checksum,
+            },
+            Err(message) => PeerResponse::Error {
+                message,
+                retryable: true,
+            },
+        }
+    }
+}
+
+fn summarise<'a>(
+    c: &'a mut PgConnection,
+    range_id: u64,
+    schema: &'a str,
+    table: &'a str,
+    partition: Option<&'a str>,
+) -> BoxFuture<'a, Result<Summary, sqlx::Error>> {
+    async move {
+        let row = sqlx::query("SELECT * FROM multiregion.range_checksum($1, $2, $3, $4)")
+            .bind(range_id as i64)
+            .bind(schema)
+            .bind(table)
+            .bind(partition)
+            .fetch_one(c)
+            .await?;
+        Ok((
+            row.get::<i64, _>(0) as u64,
+            row.get::<i64, _>(1) as u64,
+            row.get::<String, _>(2),
+        ))
+    }
+    .boxed()
+}
