@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check bench-meta bench-gateway
+.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -22,6 +22,9 @@ check:
 # Benchmarks (not part of `make test`): print medians and p99s; see bench/.
 bench-meta: build
 	cargo bench -p pgmr --bench meta
+
+bench-dataplane: build
+	cargo bench -p pgmr --bench dataplane
 
 bench-gateway: build
 	cargo build --release -p pgmr

@@ -670,6 +670,20 @@ impl Node {
                     Err(e) => crate::range::write_error(e),
                 }
             }
+            LocalRequest::Route {
+                database,
+                targets,
+                write,
+            } => match self.ranges().route(&database, &targets, write).await {
+                Ok((enabled, forward_to)) => LocalResponse::Route {
+                    enabled,
+                    forward_to,
+                },
+                Err(e) => crate::range::write_error(e),
+            },
+            LocalRequest::Forward { node_id, request } => {
+                self.ranges().forward(node_id, request).await
+            }
             LocalRequest::AbandonTxn { range_id, index } => {
                 self.ranges().abandon(range_id, index);
                 LocalResponse::Done
@@ -1236,6 +1250,24 @@ impl Handler for Node {
                 Some(r) => Box::pin(async move { r.serve_read_index(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
             },
+            PeerRequest::Exec(req) => match (self.ranges.get().cloned(), peer.node_id) {
+                (Some(r), Some(origin)) => Box::pin(async move {
+                    PeerResponse::Exec {
+                        response: Box::new(r.serve_exec(origin, req).await),
+                    }
+                }),
+                _ => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::ExecKeepalive { sessions } => {
+                if let (Some(r), Some(origin)) = (self.ranges.get(), peer.node_id) {
+                    r.keepalive(origin, &sessions);
+                }
+                Box::pin(async move {
+                    PeerResponse::Exec {
+                        response: Box::new(LocalResponse::Done),
+                    }
+                })
+            }
             PeerRequest::RangeProgress => {
                 let ranges = self.ranges.get().map(|r| r.progress()).unwrap_or_default();
                 Box::pin(async move { PeerResponse::RangeProgress { ranges } })

@@ -114,6 +114,9 @@ pub enum MrError {
     /// A transaction's replicated changes would not fit one Raft entry.
     #[error("the transaction's replicated changes ({bytes} bytes) exceed the limit of {limit} bytes for one transaction")]
     WriteSetTooLarge { bytes: usize, limit: usize },
+    /// A statement forwarded to another node failed there: PostgreSQL's error, as is.
+    #[error("{}", .0.message)]
+    Remote(mr_wire::local::SqlError),
     /// A replicated write was requested inside PREPARE TRANSACTION.
     #[error("PREPARE TRANSACTION is not supported for transactions that write replicated tables")]
     PrepareReplicated,
@@ -147,6 +150,7 @@ impl MrError {
             MrError::WriteNotServed { .. } | MrError::PrepareReplicated => {
                 ERRCODE_FEATURE_NOT_SUPPORTED
             }
+            MrError::Remote(e) => sqlstate_of(&e.code),
             MrError::Retryable(_) => ERRCODE_T_R_SERIALIZATION_FAILURE,
             MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             MrError::NotSuperuser => ERRCODE_INSUFFICIENT_PRIVILEGE,
@@ -262,6 +266,17 @@ impl MrError {
     /// Rust stack and hands the error to PostgreSQL.
     #[track_caller]
     pub fn report(&self, level: PgLogLevel) {
+        if let MrError::Remote(e) = self {
+            let mut report = ErrorReport::new(sqlstate_of(&e.code), e.message.clone(), function_name!());
+            if let Some(d) = &e.detail {
+                report = report.set_detail(d.clone());
+            }
+            if let Some(h) = &e.hint {
+                report = report.set_hint(h.clone());
+            }
+            report.report(level);
+            return;
+        }
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), function_name!());
         if let Some(hint) = self.full_hint() {
             report = report.set_hint(hint);
@@ -275,6 +290,18 @@ impl MrError {
         self.report(PgLogLevel::ERROR);
         unreachable!("an ERROR report does not return")
     }
+}
+
+/// PostgreSQL's code for a five-character SQLSTATE (MAKE_SQLSTATE); anything malformed is
+/// an internal error.
+fn sqlstate_of(code: &str) -> PgSqlErrorCode {
+    let b = code.as_bytes();
+    if b.len() != 5 || !b.iter().all(u8::is_ascii_alphanumeric) {
+        return PgSqlErrorCode::ERRCODE_INTERNAL_ERROR;
+    }
+    let six = |c: u8| ((c.wrapping_sub(b'0')) & 0x3F) as i32;
+    let v = (0..5).fold(0i32, |acc, i| acc + (six(b[i]) << (6 * i)));
+    PgSqlErrorCode::from(v)
 }
 
 /// Ends a fallible computation at the SQL edge: the value, or the error raised to PostgreSQL.

@@ -11,6 +11,12 @@ static PREV_POST_PARSE_ANALYZE: OnceLock<pg_sys::post_parse_analyze_hook_type> =
 /// The `ExecutorStart_hook` found at load time.
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
 
+/// The `ExecutorRun_hook` found at load time.
+static PREV_EXECUTOR_RUN: OnceLock<pg_sys::ExecutorRun_hook_type> = OnceLock::new();
+
+/// The `ExecutorEnd_hook` found at load time.
+static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
+
 /// The `ProcessUtility_hook` found at load time.
 static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 
@@ -28,6 +34,10 @@ pub fn init() {
         pg_sys::ProcessUtility_hook = Some(process_utility);
         let _ = PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook);
         pg_sys::ExecutorStart_hook = Some(executor_start);
+        let _ = PREV_EXECUTOR_RUN.set(pg_sys::ExecutorRun_hook);
+        pg_sys::ExecutorRun_hook = Some(executor_run);
+        let _ = PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook);
+        pg_sys::ExecutorEnd_hook = Some(executor_end);
         pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0));
     }
 }
@@ -104,8 +114,9 @@ unsafe extern "C-unwind" fn process_utility(
     }
 }
 
-/// Before a query runs: a read of replicated tables first waits until this node has applied
-/// every write acknowledged before it ([`crate::replication::read_barrier`]).
+/// Before a query runs: where it runs is decided ([`crate::routing::executor_start`]); a
+/// read that stays here first waits until this node has applied every write acknowledged
+/// before it.
 #[pg_guard]
 #[allow(unsafe_code)]
 unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: i32) {
@@ -113,7 +124,7 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
     // call; null is checked.
     unsafe {
         if let Some(qd) = query_desc.as_mut() {
-            crate::replication::read_barrier(qd, eflags);
+            crate::routing::executor_start(qd, eflags);
         }
     }
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments.
@@ -121,6 +132,42 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
         match PREV_EXECUTOR_START.get() {
             Some(Some(prev)) => prev(query_desc, eflags),
             _ => pg_sys::standard_ExecutorStart(query_desc, eflags),
+        }
+    }
+}
+
+/// Runs a query: one routed to another node yields that node's rows
+/// ([`crate::routing::executor_run`]); the others run as usual.
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn executor_run(
+    query_desc: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    execute_once: bool,
+) {
+    // SAFETY: PostgreSQL passes a started QueryDesc; the closure runs the previous hook (or
+    // PostgreSQL's own implementation) with our arguments untouched.
+    unsafe {
+        crate::routing::executor_run(query_desc, direction, count, || {
+            match PREV_EXECUTOR_RUN.get() {
+                Some(Some(prev)) => prev(query_desc, direction, count, execute_once),
+                _ => pg_sys::standard_ExecutorRun(query_desc, direction, count, execute_once),
+            }
+        });
+    }
+}
+
+/// After a query: forgets its routing.
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
+    crate::routing::executor_end(query_desc);
+    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our argument.
+    unsafe {
+        match PREV_EXECUTOR_END.get() {
+            Some(Some(prev)) => prev(query_desc),
+            _ => pg_sys::standard_ExecutorEnd(query_desc),
         }
     }
 }

@@ -11,6 +11,7 @@ mod hooks;
 mod regions;
 mod replication;
 mod rewrite;
+mod routing;
 mod sidecar;
 
 use error::MrError;

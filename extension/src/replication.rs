@@ -123,6 +123,7 @@ unsafe extern "C-unwind" fn xact_callback(
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT => {
+            crate::routing::pre_commit().or_raise();
             // SAFETY: the transaction is still in progress at pre-commit; its portal (and so
             // its active snapshot) is gone, and SPI needs one: push the transaction's own and
             // pop it again (on error, abort pops it).
@@ -131,11 +132,13 @@ unsafe extern "C-unwind" fn xact_callback(
             unsafe { pg_sys::PopActiveSnapshot() };
         }
         XACT_EVENT_PRE_PREPARE => {
+            crate::routing::pre_prepare();
             if TXN.with(|t| !t.borrow().changes.is_empty()) {
                 MrError::PrepareReplicated.raise();
             }
         }
         XACT_EVENT_ABORT => {
+            crate::routing::at_end(true);
             let t = TXN.with(|t| std::mem::take(&mut *t.borrow_mut()));
             if let Some((range_id, index)) = t.replicated {
                 if let Err(e) = sidecar::abandon_txn(range_id, index) {
@@ -150,6 +153,7 @@ unsafe extern "C-unwind" fn xact_callback(
             }
         }
         XACT_EVENT_COMMIT | XACT_EVENT_PREPARE => {
+            crate::routing::at_end(false);
             TXN.with(|t| *t.borrow_mut() = Txn::default());
         }
         _ => {}
@@ -160,11 +164,12 @@ unsafe extern "C-unwind" fn xact_callback(
 #[allow(unsafe_code)]
 unsafe extern "C-unwind" fn subxact_callback(
     event: pg_sys::SubXactEvent::Type,
-    _my: pg_sys::SubTransactionId,
+    my: pg_sys::SubTransactionId,
     _parent: pg_sys::SubTransactionId,
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::SubXactEvent::*;
+    crate::routing::on_subxact(event, my);
     TXN.with(|t| {
         let mut t = t.borrow_mut();
         match event {
@@ -263,7 +268,9 @@ unsafe fn is_replicated(relid: pg_sys::Oid) -> bool {
         if !td.is_null() {
             for i in 0..(*td).numtriggers as usize {
                 let t = &*(*td).triggers.add(i);
+                // A disabled capture trigger (tgenabled 'D') replicates nothing.
                 if !t.tgname.is_null()
+                    && t.tgenabled as u8 != b'D'
                     && std::ffi::CStr::from_ptr(t.tgname).to_bytes() == b"multiregion_capture"
                 {
                     found = true;
@@ -276,12 +283,96 @@ unsafe fn is_replicated(relid: pg_sys::Oid) -> bool {
     }
 }
 
-/// Before a SELECT of replicated tables runs: waits until this node has applied every write
-/// to their ranges acknowledged before now (Raft read-index through each range's leader),
-/// then, under READ COMMITTED, gives the query a snapshot taken after the wait. Under
-/// REPEATABLE READ and SERIALIZABLE the transaction's snapshot was taken before the first
-/// statement's barrier, so a transaction that starts on a follower may miss writes
-/// acknowledged just before it (bounded by the apply lag).
+/// The (table, REGIONAL BY ROW partition) ranges a planned statement touches: every
+/// replicated relation in its range table; a partitioned table whose partitions are not
+/// listed (an INSERT's target: rows are routed as they are written) stands for all of them.
+///
+/// # Safety
+/// `qd` holds a planned statement whose relations are locked by the executor's caller.
+#[allow(unsafe_code)]
+pub unsafe fn statement_targets(qd: &pg_sys::QueryDesc) -> Vec<(mr_meta::TableRef, Option<String>)> {
+    let mut relids = Vec::new();
+    // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
+    // the query's life; each relation in it is locked by the executor's caller.
+    unsafe {
+        let rtable = (*qd.plannedstmt).rtable;
+        if !rtable.is_null() {
+            for i in 0..(*rtable).length {
+                let rte = pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
+                if !rte.is_null()
+                    && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+                    && matches!((*rte).relkind as u8, b'r' | b'p')
+                    && is_replicated((*rte).relid)
+                {
+                    relids.push((*rte).relid);
+                }
+            }
+        }
+    }
+    if relids.is_empty() {
+        return Vec::new();
+    }
+    let database = crate::routing::database();
+    let mut targets: Vec<(mr_meta::TableRef, Option<String>)> = Vec::new();
+    for relid in relids {
+        if let Some(t) = target(relid) {
+            let r = mr_meta::TableRef {
+                database: database.clone(),
+                schema: t.schema.clone(),
+                table: t.table.clone(),
+            };
+            let entry = (r, t.partition.clone());
+            if !targets.contains(&entry) {
+                targets.push(entry);
+            }
+        }
+    }
+    let partitioned: Vec<mr_meta::TableRef> = targets
+        .iter()
+        .filter(|(_, p)| p.is_some())
+        .map(|(t, _)| t.clone())
+        .collect();
+    targets.retain(|(t, p)| p.is_some() || !partitioned.contains(t));
+    targets
+}
+
+/// pgmr said row replication is off: reads skip the barrier for a second.
+pub fn barrier_off_for_a_while() {
+    BARRIER_OFF_UNTIL.with(|c| c.set(Some(Instant::now() + Duration::from_secs(1))));
+}
+
+/// Whether this transaction has captured row changes to replicate at commit.
+pub fn has_local_changes() -> bool {
+    TXN.with(|t| !t.borrow().changes.is_empty())
+}
+
+/// Under READ COMMITTED, gives a query that has passed its read barrier a snapshot taken
+/// after the wait (REPEATABLE READ and SERIALIZABLE keep the transaction's).
+///
+/// # Safety
+/// `qd` is the QueryDesc PostgreSQL is about to start.
+#[allow(unsafe_code)]
+pub unsafe fn fresh_snapshot(qd: &mut pg_sys::QueryDesc) {
+    // SAFETY: under READ COMMITTED each statement may take a new snapshot. The QueryDesc
+    // holds a registration of its snapshot (CreateQueryDesc registers it, FreeQueryDesc
+    // unregisters it) under the current resource owner, so the new one is registered the
+    // same way before the old one is let go.
+    unsafe {
+        if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+            let fresh = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+            pg_sys::UnregisterSnapshot(qd.snapshot);
+            qd.snapshot = fresh;
+        }
+    }
+}
+
+/// Before a SELECT of replicated tables runs here without routing (a statement forwarded
+/// to this node): waits until this node has applied every write to their ranges acknowledged
+/// before now (Raft read-index through each range's leader), then, under READ COMMITTED,
+/// gives the query a snapshot taken after the wait. Under REPEATABLE READ and SERIALIZABLE
+/// the transaction's snapshot was taken before the first statement's barrier, so a
+/// transaction that starts on a follower may miss writes acknowledged just before it
+/// (bounded by the apply lag).
 ///
 /// # Safety
 /// `qd` is the QueryDesc PostgreSQL is about to start.
@@ -300,64 +391,15 @@ pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     {
         return;
     }
-    // SAFETY: a parallel worker reads under its leader's snapshot; the leader did the wait.
-    if unsafe { pg_sys::ParallelWorkerNumber } >= 0 {
+    // SAFETY: as this function's contract.
+    let targets = unsafe { statement_targets(qd) };
+    if targets.is_empty() {
         return;
     }
-    let mut relids = Vec::new();
-    // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
-    // the query's life; each relation in it is locked by the executor's caller.
-    unsafe {
-        let rtable = (*qd.plannedstmt).rtable;
-        if !rtable.is_null() {
-            for i in 0..(*rtable).length {
-                let rte = pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
-                if !rte.is_null()
-                    && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
-                    && (*rte).relkind as u8 == b'r'
-                    && is_replicated((*rte).relid)
-                {
-                    relids.push((*rte).relid);
-                }
-            }
-        }
-    }
-    if relids.is_empty() {
-        return;
-    }
-    let database =
-        spi::read_one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default();
-    let mut targets: Vec<(mr_meta::TableRef, Option<String>)> = Vec::new();
-    for relid in relids {
-        if let Some(t) = target(relid) {
-            let r = mr_meta::TableRef {
-                database: database.clone(),
-                schema: t.schema.clone(),
-                table: t.table.clone(),
-            };
-            let entry = (r, t.partition.clone());
-            if !targets.contains(&entry) {
-                targets.push(entry);
-            }
-        }
-    }
-    match sidecar::read_barrier(database, targets) {
-        Ok(false) => {
-            BARRIER_OFF_UNTIL.with(|c| c.set(Some(Instant::now() + Duration::from_secs(1))))
-        }
-        Ok(true) => {
-            // SAFETY: under READ COMMITTED each statement may take a new snapshot. The
-            // QueryDesc holds a registration of its snapshot (CreateQueryDesc registers it,
-            // FreeQueryDesc unregisters it) under the current resource owner, so the new one
-            // is registered the same way before the old one is let go.
-            unsafe {
-                if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
-                    let fresh = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
-                    pg_sys::UnregisterSnapshot(qd.snapshot);
-                    qd.snapshot = fresh;
-                }
-            }
-        }
+    match sidecar::read_barrier(crate::routing::database(), targets) {
+        Ok(false) => barrier_off_for_a_while(),
+        // SAFETY: as this function's contract.
+        Ok(true) => unsafe { fresh_snapshot(qd) },
         Err(e) => e.raise(),
     }
 }
@@ -442,8 +484,7 @@ fn pre_commit() -> Result<(), MrError> {
         );
     }
     json.push(']');
-    let database =
-        spi::read_one("SELECT pg_catalog.current_database()::text", vec![]).unwrap_or_default();
+    let database = crate::routing::database();
     let mut seen = std::collections::BTreeSet::new();
     let refs: Vec<(mr_meta::TableRef, Option<String>)> = targets
         .values()

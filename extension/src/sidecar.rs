@@ -100,6 +100,70 @@ pub fn read_barrier(
     }
 }
 
+/// Where a statement over `targets` runs: `(enabled, forward_to)`; `forward_to: None` means
+/// here, and a read that stays here has passed its read barrier.
+pub fn route(
+    database: String,
+    targets: Vec<(mr_meta::TableRef, Option<String>)>,
+    write: bool,
+) -> Result<(bool, Option<u64>), MrError> {
+    let req = LocalRequest::Route {
+        database,
+        targets,
+        write,
+    };
+    match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
+        LocalResponse::Route {
+            enabled,
+            forward_to,
+        } => Ok((enabled, forward_to)),
+        LocalResponse::Unsupported { message, hint } => {
+            Err(MrError::WriteNotServed { message, hint })
+        }
+        other => Err(unexpected("route", &other)),
+    }
+}
+
+/// Longest wait for one forwarded step (pgmr's own bound is 600 s).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
+
+/// Runs one step of this transaction on node `node_id`: its rows and processed count.
+/// Interruptible unless it commits (a cancel cannot take back a commit under way); the
+/// transaction then aborts, and its rollback cancels the remote statement.
+pub fn forward(
+    node_id: u64,
+    request: mr_wire::local::ForwardRequest,
+) -> Result<(u64, Vec<Vec<Option<String>>>), MrError> {
+    let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
+    let commits = request.finish == Some(mr_wire::local::Finish::Commit);
+    let req = LocalRequest::Forward { node_id, request };
+    let tick = || {
+        if !commits {
+            check_for_interrupts();
+        }
+        true
+    };
+    match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
+        LocalResponse::Forwarded { processed, rows } => Ok((processed, rows)),
+        LocalResponse::SqlError(e) => Err(MrError::Remote(e)),
+        LocalResponse::Unsupported { message, hint } => {
+            Err(MrError::WriteNotServed { message, hint })
+        }
+        LocalResponse::Error {
+            message,
+            ambiguous: true,
+            ..
+        } => Err(MrError::Ambiguous(message)),
+        LocalResponse::Error {
+            message,
+            retryable: true,
+            ..
+        } => Err(MrError::Retryable(message)),
+        LocalResponse::Error { message, .. } => Err(MrError::Sidecar(message)),
+        other => Err(unexpected("forward", &other)),
+    }
+}
+
 /// Whether row replication is on.
 pub fn replication_enabled() -> Result<bool, MrError> {
     match call(LocalRequest::ReplicationEnabled)? {
@@ -309,6 +373,9 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Replicated { .. } => "replicated",
         LocalResponse::NotReplicated => "not_replicated",
         LocalResponse::ReadBarrier { .. } => "read_barrier",
+        LocalResponse::Route { .. } => "route",
+        LocalResponse::Forwarded { .. } => "forwarded",
+        LocalResponse::SqlError(_) => "sql_error",
         LocalResponse::Consistency { .. } => "consistency",
         LocalResponse::Unsupported { .. } => "unsupported",
     };

@@ -10,9 +10,10 @@
 //! The write path ([`Ranges::replicate`]): the extension captures a transaction's row
 //! changes and, at pre-commit, after recording the transaction's id in
 //! `multiregion.range_txns` (uncommitted, so it holds that key's lock), asks this node to
-//! replicate them. The leader proposes one entry, waits until a quorum has it, waits until
-//! its own applier has passed every earlier entry (so local commits happen in log order),
-//! and answers; the transaction then commits locally. Every replica's applier ([`apply`])
+//! replicate them. The leader proposes one entry, waits until a quorum has it, and answers;
+//! the transaction then commits locally. Local commits need not follow log order:
+//! transactions that conflict are ordered by the row locks they hold across the Raft commit,
+//! and the others commute. Every replica's applier ([`apply`])
 //! applies entries in log order, in one PostgreSQL transaction each, inserting the
 //! transaction id first: on the leader that insert waits for the writing transaction and then
 //! finds the key present, so the entry is not applied twice; on a crash before the local
@@ -25,6 +26,7 @@
 
 pub mod apply;
 mod check;
+mod forward;
 pub mod store;
 pub mod types;
 
@@ -46,8 +48,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 pub use types::{RangeRaft, TxnWrite};
 
-/// The cluster setting that turns row replication on. Until statements are routed to
-/// leaseholders, a write must run on the leaseholder's node, so it is off by default.
+/// The cluster setting that turns row replication on (off by default until transactions
+/// over several leaseholders and snapshots for new replicas exist).
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
 
 /// Heartbeats above the slowest simulated RTT (132 ms); elections after a few missed ones, so
@@ -145,6 +147,8 @@ pub struct Ranges {
     groups: Mutex<BTreeMap<u64, Arc<Group>>>,
     pg_cfg: PgConfig,
     pg: Arc<PgState>,
+    /// Forwarded transactions, both ways ([`forward`]).
+    sessions: forward::Sessions,
 }
 
 /// The ranges a set of targets maps to.
@@ -152,6 +156,9 @@ struct Resolved {
     enabled: bool,
     /// (range id, leaseholder).
     ranges: BTreeSet<(u64, Option<u64>)>,
+    /// Ranges included only because a partitioned table was named without a partition (an
+    /// INSERT's target, whose rows are routed as they are written).
+    expanded: BTreeSet<u64>,
     /// Targets of replicated tables without a range yet.
     missing: Vec<String>,
 }
@@ -183,6 +190,7 @@ impl Ranges {
             groups: Mutex::new(BTreeMap::new()),
             pg_cfg,
             pg,
+            sessions: forward::Sessions::default(),
         }))
     }
 
@@ -206,6 +214,7 @@ impl Ranges {
 
     /// Keeps this node's groups as the descriptors say, until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        tokio::spawn(self.clone().run_session_upkeep(stop.clone()));
         let mut tick = tokio::time::interval(MANAGE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -488,6 +497,7 @@ impl Ranges {
             enabled,
             ranges,
             missing,
+            ..
         } = self.resolve(&database, &targets);
         if !enabled {
             return Ok(None);
@@ -565,20 +575,12 @@ impl Ranges {
             }
         };
         let index = resp.log_id.index;
-        let committed_after = started.elapsed();
-        // Commit locally in log order: every earlier entry is applied here first.
-        let mut applied = g.applied.subscribe();
-        let wait = applied.wait_for(|a| *a + 1 >= index);
-        let ordered = tokio::time::timeout(WRITE_TIMEOUT, wait).await.is_ok();
         if started.elapsed() > Duration::from_secs(1) {
-            tracing::warn!(range_id, index, ?committed_after, total = ?started.elapsed(), "a slow replicated write");
+            tracing::warn!(range_id, index, took = ?started.elapsed(), "a slow replicated write");
         }
-        if !ordered {
-            g.fence_at(index);
-            return Err(WriteError::Ambiguous(format!(
-                "range {range_id}'s entry {index} committed, but this node could not apply the entries before it in time"
-            )));
-        }
+        // The transaction commits locally now. Transactions it conflicts with committed
+        // before it took their locks; the others commute, so followers applying in log order
+        // reach the same rows whatever order they commit in here.
         Ok(Some((range_id, index)))
     }
 
@@ -602,6 +604,7 @@ impl Ranges {
                 Some("true" | "on" | "1")
             );
             let mut ranges = BTreeSet::new();
+            let mut expanded = BTreeSet::new();
             let mut missing = Vec::new();
             for (t, p) in targets {
                 let replicated = s.catalog().any(|(db, ts)| db == database && ts.contains(t));
@@ -610,6 +613,18 @@ impl Ranges {
                 }
                 let exact = s.ranges().find(|r| &r.table == t && &r.partition == p);
                 let whole = || s.ranges().find(|r| &r.table == t && r.partition.is_none());
+                if let (None, None, None) = (p, exact, whole()) {
+                    // A partitioned table named without a partition: every partition.
+                    let before = ranges.len();
+                    for r in s.ranges().filter(|r| &r.table == t) {
+                        ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
+                        expanded.insert(r.range_id);
+                    }
+                    if ranges.len() == before {
+                        missing.push(format!("{}.{}", t.schema, t.table));
+                    }
+                    continue;
+                }
                 match exact.or_else(whole) {
                     Some(r) => {
                         ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
@@ -623,6 +638,7 @@ impl Ranges {
             Resolved {
                 enabled,
                 ranges,
+                expanded,
                 missing,
             }
         })
@@ -644,6 +660,15 @@ impl Ranges {
         if !enabled {
             return Ok(false);
         }
+        self.barrier(ranges).await?;
+        Ok(true)
+    }
+
+    /// The read barrier over these (range, leaseholder) pairs.
+    async fn barrier(
+        &self,
+        ranges: impl IntoIterator<Item = (u64, Option<u64>)>,
+    ) -> Result<(), WriteError> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
         for (range_id, holder) in ranges {
             let Some(g) = self.group(range_id) else {
@@ -658,6 +683,10 @@ impl Ranges {
             };
             let index = loop {
                 match self.read_index(&g).await {
+                    // On the serving leader every acknowledged write is committed here
+                    // already (its transaction committed before the acknowledgement, and
+                    // the fence covers earlier leaders' entries): nothing to wait for.
+                    Ok(_) if g.leading().is_some() => break 0,
                     Ok(i) => break i,
                     Err(e) if Instant::now() >= deadline => return Err(WriteError::Retryable(e)),
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
@@ -674,7 +703,100 @@ impl Ranges {
                 )));
             }
         }
-        Ok(true)
+        Ok(())
+    }
+
+    /// Where a statement over `targets` runs (§9 of ARCHITECTURE.md): a write on the node
+    /// that leases every range it touches (here, or forwarded there); a read here when this
+    /// node holds a replica of every range (after its read barrier), else on the one node
+    /// that leases them all. A write over ranges leased on several nodes runs here and is
+    /// refused at commit if it wrote a range leased elsewhere (two-phase commit is not built).
+    /// `Ok(None)`: run here. Errors as [`Self::read_barrier`].
+    pub async fn route(
+        &self,
+        database: &str,
+        targets: &[(TableRef, Option<String>)],
+        write: bool,
+    ) -> Result<(bool, Option<u64>), WriteError> {
+        let Resolved {
+            enabled,
+            ranges,
+            expanded,
+            ..
+        } = self.resolve(database, targets);
+        if !enabled || ranges.is_empty() {
+            return Ok((enabled, None));
+        }
+        // The leaseholder as this node's own replica sees it is fresher than the meta group's
+        // record, which its leader writes after winning an election.
+        let holder = |range_id: u64, recorded: Option<u64>| match self.group(range_id) {
+            Some(g) => g.raft.metrics().borrow().current_leader.or(recorded),
+            None => recorded,
+        };
+        let holders: BTreeSet<Option<u64>> =
+            ranges.iter().map(|&(r, h)| holder(r, h)).collect();
+        let one_holder = match holders.iter().collect::<Vec<_>>().as_slice() {
+            [Some(h)] => Some(*h),
+            _ => None,
+        };
+        if write {
+            match one_holder {
+                Some(h) if h != self.me => return Ok((true, Some(h))),
+                Some(_) => return Ok((true, None)),
+                None => {}
+            }
+            // Leased on several nodes: the statement runs here, and its commit is refused if
+            // it wrote a range leased elsewhere. But it must not read a range this node holds
+            // no copy of (it would find nothing there and say so as if it had looked), except
+            // the partitions an INSERT merely routes rows into.
+            if let Some(&(range_id, h)) = ranges
+                .iter()
+                .find(|&&(r, _)| !expanded.contains(&r) && self.group(r).is_none())
+            {
+                return Err(WriteError::Unsupported {
+                    message: format!(
+                        "the statement touches ranges leased on different nodes, and node {} holds no replica of range {range_id} (leaseholder: node {})",
+                        self.me,
+                        holder(range_id, h).map_or("none yet".into(), |h| h.to_string())
+                    ),
+                    hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition; statements over several leaseholders need two-phase commit, which is not built yet.".into(),
+                });
+            }
+            let read: Vec<(u64, Option<u64>)> = ranges
+                .iter()
+                .filter(|(r, _)| !expanded.contains(r))
+                .copied()
+                .collect();
+            self.barrier(read).await?;
+            return Ok((true, None));
+        }
+        if ranges.iter().all(|&(r, _)| self.group(r).is_some()) {
+            let read: Vec<(u64, Option<u64>)> = ranges
+                .iter()
+                .filter(|(r, _)| !expanded.contains(r))
+                .copied()
+                .collect();
+            self.barrier(read).await?;
+            return Ok((true, None));
+        }
+        match one_holder {
+            Some(h) if h != self.me => Ok((true, Some(h))),
+            _ => {
+                let (range_id, h) = ranges
+                    .iter()
+                    .find(|&&(r, _)| self.group(r).is_none())
+                    .copied()
+                    .expect("some range has no replica here");
+                Err(WriteError::Unsupported {
+                    message: format!(
+                        "node {} holds no replica of range {range_id} (leaseholder: node {}), and the statement also reads ranges leased elsewhere",
+                        self.me,
+                        holder(range_id, h).map_or("none yet".into(), |h| h.to_string())
+                    ),
+                    hint: "Read the tables in separate statements, or on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges for each of them.".into(),
+                })
+            }
+        }
     }
 
     /// The range's read index: its leader's commit index, with leadership confirmed.

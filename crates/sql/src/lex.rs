@@ -224,3 +224,67 @@ fn quoted(sql: &str, i: usize, q: u8) -> Result<(String, usize), SyntaxError> {
         j += 1;
     }
 }
+
+/// The statement a `PREPARE name [(types)] AS statement` prepares, as text; `None` when `sql`
+/// is not a PREPARE. PostgreSQL gives an EXECUTE's query the whole PREPARE as its text, and a
+/// statement forwarded to another node must be the inner one.
+pub fn prepared_statement(sql: &str) -> Option<&str> {
+    let toks = lex(sql).ok()?;
+    let mut it = toks.iter().peekable();
+    if it.next()?.word()? != "prepare" {
+        return None;
+    }
+    match &it.next()?.tok {
+        Tok::Word(_) | Tok::Quoted(_) => {}
+        _ => return None,
+    }
+    if matches!(it.peek()?.tok, Tok::Punct('(')) {
+        let mut depth = 0usize;
+        for t in it.by_ref() {
+            match t.tok {
+                Tok::Punct('(') => depth += 1,
+                Tok::Punct(')') => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    if it.next()?.word()? != "as" {
+        return None;
+    }
+    let body = it.next()?;
+    Some(&sql[body.start..])
+}
+
+#[cfg(test)]
+mod prepared_tests {
+    use super::prepared_statement;
+
+    #[test]
+    fn a_prepare_yields_its_inner_statement() {
+        assert_eq!(
+            prepared_statement("PREPARE q(int) AS SELECT * FROM t WHERE id = $1 FOR UPDATE"),
+            Some("SELECT * FROM t WHERE id = $1 FOR UPDATE")
+        );
+        assert_eq!(
+            prepared_statement("prepare \"Q\" (numeric(10, 2), text[]) as\n  INSERT INTO t VALUES ($1, $2)"),
+            Some("INSERT INTO t VALUES ($1, $2)")
+        );
+        assert_eq!(
+            prepared_statement("/* c */ PREPARE q AS UPDATE t SET a = 'as'"),
+            Some("UPDATE t SET a = 'as'")
+        );
+    }
+
+    #[test]
+    fn other_statements_are_not_prepares() {
+        assert_eq!(prepared_statement("SELECT 1"), None);
+        assert_eq!(prepared_statement("PREPARE"), None);
+        assert_eq!(prepared_statement("PREPARE q(int"), None);
+        assert_eq!(prepared_statement("PREPARE TRANSACTION 'x'"), None);
+    }
+}

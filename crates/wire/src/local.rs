@@ -122,6 +122,119 @@ pub enum LocalRequest {
     /// Compares a checksum of every replica of every range (`pgmr debug check-consistency`,
     /// `multiregion.check_consistency()`): [`LocalResponse::Consistency`].
     CheckConsistency,
+    /// Where a statement over these (table, partition) ranges runs: [`LocalResponse::Route`].
+    /// A read that stays here has passed its read barrier when this answers. A target with no
+    /// partition names every partition of a REGIONAL BY ROW table (an INSERT's rows are
+    /// routed to partitions only as they are written).
+    Route {
+        database: String,
+        targets: Vec<(TableRef, Option<String>)>,
+        /// Writes or locks rows (INSERT, UPDATE, DELETE, `FOR UPDATE`): needs the leaseholder.
+        write: bool,
+    },
+    /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
+    /// or [`LocalResponse::SqlError`].
+    Forward {
+        node_id: u64,
+        request: ForwardRequest,
+    },
+}
+
+/// One step of a transaction that runs on another node (its leaseholder), in a session that
+/// node's pgmr keeps for the transaction: begin it if `begin` is given, apply the savepoint
+/// operations, run the statement, then finish if asked. Everything a step needs travels with
+/// it, so an autocommit statement is one message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForwardRequest {
+    /// Unique per origin node and transaction.
+    pub session: String,
+    /// The origin backend, so the origin's pgmr can end sessions whose backend is gone.
+    pub backend_pid: i32,
+    #[serde(default)]
+    pub begin: Option<ForwardBegin>,
+    #[serde(default)]
+    pub savepoints: Vec<SavepointOp>,
+    #[serde(default)]
+    pub statement: Option<ForwardStatement>,
+    #[serde(default)]
+    pub finish: Option<Finish>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForwardBegin {
+    pub database: String,
+    /// The role the statements run as (the origin session's current user).
+    pub role: String,
+    pub isolation: Isolation,
+    pub read_only: bool,
+    /// Session settings the statement's meaning depends on (search_path, DateStyle, …).
+    pub settings: Vec<(String, String)>,
+    /// The origin's region: `gateway_region()` answers it on the remote node too.
+    pub gateway_region: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Isolation {
+    ReadCommitted,
+    RepeatableRead,
+    Serializable,
+}
+
+impl Isolation {
+    /// The BEGIN statement that starts a transaction at this level.
+    pub fn begin_sql(self, read_only: bool) -> &'static str {
+        match (self, read_only) {
+            (Isolation::ReadCommitted, false) => "BEGIN ISOLATION LEVEL READ COMMITTED",
+            (Isolation::ReadCommitted, true) => "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY",
+            (Isolation::RepeatableRead, false) => "BEGIN ISOLATION LEVEL REPEATABLE READ",
+            (Isolation::RepeatableRead, true) => "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
+            (Isolation::Serializable, false) => "BEGIN ISOLATION LEVEL SERIALIZABLE",
+            (Isolation::Serializable, true) => "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY",
+        }
+    }
+}
+
+/// A savepoint of the origin transaction mirrored on the remote one, named by the origin's
+/// subtransaction id (so no user text reaches the remote SQL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SavepointOp {
+    Savepoint(u32),
+    Release(u32),
+    RollbackTo(u32),
+}
+
+impl SavepointOp {
+    pub fn sql(self) -> String {
+        match self {
+            SavepointOp::Savepoint(id) => format!("SAVEPOINT mr_{id}"),
+            SavepointOp::Release(id) => format!("RELEASE SAVEPOINT mr_{id}"),
+            SavepointOp::RollbackTo(id) => format!("ROLLBACK TO SAVEPOINT mr_{id}"),
+        }
+    }
+}
+
+/// A statement and its parameters as (type name, text value).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForwardStatement {
+    pub sql: String,
+    pub params: Vec<(String, Option<String>)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    Commit,
+    Rollback,
+}
+
+/// Where a range's statements run, as `Route` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteRange {
+    pub range_id: u64,
+    pub leaseholder: Option<u64>,
+    pub local_replica: bool,
 }
 
 /// What happens to frames this node sends to one peer, on top of the simulated WAN latency.
@@ -225,6 +338,20 @@ pub enum LocalResponse {
     Consistency {
         replicas: Vec<ReplicaChecksum>,
     },
+    /// `forward_to: None`: run here (a read has passed its barrier); `Some(node)`: run the
+    /// statement on that node. `enabled: false`: row replication is off.
+    Route {
+        enabled: bool,
+        forward_to: Option<u64>,
+    },
+    /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
+    /// number of rows it processed.
+    Forwarded {
+        processed: u64,
+        rows: Vec<Vec<Option<String>>>,
+    },
+    /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
+    SqlError(SqlError),
     /// The request cannot be served as things are (SQLSTATE 0A000), with a hint.
     Unsupported {
         message: String,
@@ -240,6 +367,17 @@ pub enum LocalResponse {
         #[serde(default)]
         ambiguous: bool,
     },
+}
+
+/// A PostgreSQL error as a client sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlError {
+    pub code: String,
+    pub message: String,
+    #[serde(default)]
+    pub detail: Option<String>,
+    #[serde(default)]
+    pub hint: Option<String>,
 }
 
 impl LocalResponse {

@@ -78,6 +78,12 @@ pub enum PeerRequest {
     RangeChecksum { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
+    /// Runs one step of a transaction forwarded by the calling node (its statements on rows
+    /// this node leases): [`PeerResponse::Exec`].
+    Exec(crate::local::ForwardRequest),
+    /// The calling node's forwarded sessions that are still in use: the others of that node
+    /// are rolled back.
+    ExecKeepalive { sessions: Vec<String> },
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -126,6 +132,10 @@ pub enum PeerResponse {
         applied_index: u64,
         row_count: u64,
         checksum: String,
+    },
+    /// What a forwarded step did: a `LocalResponse::Forwarded` or `LocalResponse::SqlError`.
+    Exec {
+        response: Box<crate::local::LocalResponse>,
     },
     Error {
         message: String,

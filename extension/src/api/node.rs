@@ -10,6 +10,9 @@ use pgrx::prelude::*;
 /// pgmr outages.
 #[pg_extern(schema = "multiregion", stable, parallel_safe)]
 fn gateway_region() -> String {
+    if let Some(region) = crate::routing::gateway_region_override() {
+        return region;
+    }
     gucs::locality().or_raise().region().to_owned()
 }
 

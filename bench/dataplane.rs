@@ -1,0 +1,329 @@
+//! Data-plane benchmark: what replicating rows through range Raft groups costs, side by side
+//! with the same PostgreSQL without it, in one run.
+//!
+//! `make bench-dataplane` (or `cargo bench -p pgmr --bench dataplane`). Real `pgmr` processes
+//! and PostgreSQL servers on loopback behind pgmr's simulated WAN (the tutorial's RTTs: 63/87/132
+//! ms between regions, 2 ms within one). Five nodes: three in us-east1 (the table's home: its
+//! three voters and leaseholder), one each in us-west1 and europe-west1 (non-voting replicas).
+//!
+//! * single-row UPDATE latency, one client: on the leaseholder with replication, and on a
+//!   table without capture triggers on the same node (plain PostgreSQL); the floor is one
+//!   intra-region quorum round trip;
+//! * point-read latency: on the leaseholder (a read-index quorum round) and on the us-west1
+//!   non-voter (read index from the leaseholder: one inter-region round trip);
+//! * write throughput of the leaseholder's node, 8 clients, replication on and off;
+//! * leaseholder failover (3 nodes, one per region): from `kill -9` of the leaseholder's node
+//!   to the first write acknowledged by another node, median of 5.
+
+#[path = "../coordinator/tests/common/mod.rs"]
+mod common;
+
+use common::*;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::ConnectOptions;
+use std::time::{Duration, Instant};
+
+const WAN: &str =
+    "intra 2\nus-east1 us-west1 63\nus-east1 europe-west1 87\nus-west1 europe-west1 132\n";
+const OPS: usize = 300;
+const CLIENTS: usize = 8;
+const THROUGHPUT_FOR: Duration = Duration::from_secs(8);
+const FAILOVERS: usize = 5;
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (percentile(&v, 0.5), percentile(&v, 0.99))
+}
+
+async fn connect(node: &Node, db: &str) -> PgConnection {
+    PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(node.pg_port)
+        .username("postgres")
+        .database(db)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn exec(c: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(sql)
+        .execute(&mut *c)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// Turns row replication on, retrying while a new cluster's meta group settles.
+async fn enable_replication(node: &Node) {
+    eventually("replication on", Duration::from_secs(60), || async {
+        let mut c = node.sql().await;
+        sqlx::query("SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')")
+            .execute(&mut c)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}
+
+async fn leaseholder(node: &Node, table: &str) -> u64 {
+    let mut c = connect(node, "bench").await;
+    loop {
+        let h: Option<i64> = sqlx::query_scalar(
+            "SELECT lease_holder FROM multiregion.ranges WHERE database_name = 'bench' AND table_name = $1",
+        )
+        .bind(table)
+        .fetch_optional(&mut c)
+        .await
+        .ok()
+        .flatten()
+        .flatten();
+        if let Some(h) = h {
+            return h as u64;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Latencies (ms) of `OPS` runs of `sql` with `$1` a key in 1..=1000.
+async fn latencies(c: &mut PgConnection, sql: &str) -> Vec<f64> {
+    let mut out = Vec::with_capacity(OPS);
+    for i in 0..OPS {
+        let started = Instant::now();
+        sqlx::query(sql)
+            .bind((i % 1000) as i32 + 1)
+            .execute(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        out.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    out
+}
+
+/// Transactions per second of `CLIENTS` connections updating random keys of `table`.
+async fn throughput(node: &Node, table: &str) -> f64 {
+    let sql = format!("UPDATE {table} SET v = v + 1 WHERE k = $1");
+    let deadline = Instant::now() + THROUGHPUT_FOR;
+    let mut tasks = Vec::new();
+    for t in 0..CLIENTS {
+        let mut c = connect(node, "bench").await;
+        let sql = sql.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut k = t as i32 * 97;
+            while Instant::now() < deadline {
+                k = (k * 31 + 7) % 1000;
+                sqlx::query(&sql).bind(k + 1).execute(&mut c).await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    total as f64 / THROUGHPUT_FOR.as_secs_f64()
+}
+
+fn row(what: &str, (p50, p99): (f64, f64), floor: &str) {
+    println!("| {what} | {p50:.2} | {p99:.2} | {floor} |");
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir = scratch("bench-dataplane");
+    println!("# data-plane benchmark ({OPS} operations per row; ms)\n");
+    let localities = [
+        "region=us-east1,zone=us-east1-b",
+        "region=us-east1,zone=us-east1-c",
+        "region=us-east1,zone=us-east1-d",
+        "region=us-west1,zone=us-west1-a",
+        "region=europe-west1,zone=europe-west1-b",
+    ];
+    let nodes = start_cluster(dir.path(), 40, WAN, &localities).await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE bench").await;
+    let mut b = connect(&nodes[0], "bench").await;
+    for sql in [
+        r#"SELECT multiregion.execute('ALTER DATABASE bench PRIMARY REGION "us-east1"')"#,
+        r#"SELECT multiregion.execute('ALTER DATABASE bench ADD REGION "us-west1"')"#,
+        r#"SELECT multiregion.execute('ALTER DATABASE bench ADD REGION "europe-west1"')"#,
+        "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
+        "CREATE TABLE plain_kv (k int PRIMARY KEY, v int NOT NULL)",
+    ] {
+        exec(&mut b, sql).await;
+    }
+    let holder = leaseholder(&nodes[0], "kv").await as usize - 1;
+    let mut lh = connect(&nodes[holder], "bench").await;
+    // The baseline: the same node's PostgreSQL, a table whose rows nothing captures.
+    exec(
+        &mut lh,
+        "SET session_replication_role = replica; \
+         INSERT INTO plain_kv SELECT g, 0 FROM generate_series(1, 1000) g; \
+         RESET session_replication_role; \
+         ALTER TABLE plain_kv DISABLE TRIGGER multiregion_capture, \
+             DISABLE TRIGGER multiregion_capture_truncate",
+    )
+    .await;
+    exec(&mut lh, "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g").await;
+    println!("| operation | p50 | p99 | floor |");
+    println!("|---|---|---|---|");
+    let plain = p50_p99(latencies(&mut lh, "UPDATE plain_kv SET v = v + 1 WHERE k = $1").await);
+    row("UPDATE, plain PostgreSQL (same node)", plain, "local commit");
+    let repl = p50_p99(latencies(&mut lh, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
+    row(
+        "UPDATE on the leaseholder, 3 voters in us-east1",
+        repl,
+        "2 ms (intra-region quorum RTT)",
+    );
+    // A database without regions: three voters, one per region (CockroachDB's default
+    // spreads them), so the nearest quorum is one inter-region round trip away.
+    exec(&mut c, "CREATE DATABASE bench_wide").await;
+    let mut w = connect(&nodes[0], "bench_wide").await;
+    exec(&mut w, "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)").await;
+    let wide_holder = loop {
+        let h: Option<i64> = sqlx::query_scalar(
+            "SELECT lease_holder FROM multiregion.ranges WHERE database_name = 'bench_wide'",
+        )
+        .fetch_optional(&mut c)
+        .await
+        .ok()
+        .flatten()
+        .flatten();
+        if let Some(h) = h {
+            break h as usize - 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut wl = connect(&nodes[wide_holder], "bench_wide").await;
+    exec(&mut wl, "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g").await;
+    let wide = p50_p99(latencies(&mut wl, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
+    row(
+        "UPDATE on the leaseholder, voters in 3 regions (no database regions)",
+        wide,
+        "63 ms (RTT us-east1 ↔ us-west1, the nearest other voter)",
+    );
+    let plain_read = p50_p99(latencies(&mut lh, "SELECT v FROM plain_kv WHERE k = $1").await);
+    row("point read, plain PostgreSQL", plain_read, "local");
+    let lh_read = p50_p99(latencies(&mut lh, "SELECT v FROM kv WHERE k = $1").await);
+    row(
+        "point read on the leaseholder (read index)",
+        lh_read,
+        "2 ms (quorum heartbeat)",
+    );
+    let mut west = connect(&nodes[3], "bench").await;
+    let west_read = p50_p99(latencies(&mut west, "SELECT v FROM kv WHERE k = $1").await);
+    row(
+        "point read on the us-west1 non-voter",
+        west_read,
+        "63 ms (RTT to the leaseholder)",
+    );
+    println!();
+    let off = throughput(&nodes[holder], "plain_kv").await;
+    let on = throughput(&nodes[holder], "kv").await;
+    println!(
+        "throughput of the leaseholder's node, {CLIENTS} clients: {on:.0} tx/s replicated, \
+         {off:.0} tx/s without replication ({:.0} %)\n",
+        on / off * 100.0
+    );
+    drop(nodes);
+
+    // Failover, on a cluster of its own.
+    let dir3 = scratch("bench-failover");
+    let nodes3 = start_cluster(
+        dir3.path(),
+        41,
+        WAN,
+        &[
+            "region=us-east1,zone=us-east1-b",
+            "region=us-west1,zone=us-west1-a",
+            "region=europe-west1,zone=europe-west1-b",
+        ],
+    )
+    .await;
+    let mut nodes3 = nodes3;
+    enable_replication(&nodes3[0]).await;
+    let mut c = nodes3[0].sql().await;
+    exec(&mut c, "CREATE DATABASE bench").await;
+    let mut b = connect(&nodes3[0], "bench").await;
+    exec(&mut b, "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)").await;
+    let mut times = Vec::new();
+    let mut key = 0;
+    for _ in 0..FAILOVERS {
+        let holder = leaseholder(&nodes3[0], "kv").await as usize - 1;
+        // The leaseholder takes a write, then dies.
+        let mut lh = connect(&nodes3[holder], "bench").await;
+        key += 1;
+        sqlx::query("INSERT INTO kv VALUES ($1, 0)")
+            .bind(key)
+            .execute(&mut lh)
+            .await
+            .unwrap();
+        drop(lh);
+        nodes3[holder].crash();
+        let killed = Instant::now();
+        key += 1;
+        'found: loop {
+            for (i, n) in nodes3.iter().enumerate() {
+                if i == holder {
+                    continue;
+                }
+                let Ok(mut c) = PgConnectOptions::new()
+                    .host("127.0.0.1")
+                    .port(n.pg_port)
+                    .username("postgres")
+                    .database("bench")
+                    .connect()
+                    .await
+                else {
+                    continue;
+                };
+                if sqlx::query("INSERT INTO kv VALUES ($1, 0)")
+                    .bind(key)
+                    .execute(&mut c)
+                    .await
+                    .is_ok()
+                {
+                    break 'found;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        times.push(killed.elapsed().as_secs_f64());
+        nodes3[holder].restart();
+        // Wait until the restarted node serves again and holds every row.
+        eventually("the restarted node to catch up", Duration::from_secs(60), || async {
+            let mut c = PgConnectOptions::new()
+                .host("127.0.0.1")
+                .port(nodes3[holder].pg_port)
+                .username("postgres")
+                .database("bench")
+                .connect()
+                .await
+                .ok()?;
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kv")
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            (n == key as i64).then_some(())
+        })
+        .await;
+        // Let the preferred leaseholder take the lease back before the next kill.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "leaseholder failover (kill -9 to the next acknowledged write elsewhere), {FAILOVERS} kills: \
+         median {:.1} s, min {:.1} s, max {:.1} s",
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    );
+}

@@ -1,0 +1,468 @@
+//! Forwarded transactions: statements on rows leased by another node run in that node's
+//! PostgreSQL (ARCHITECTURE.md §9).
+//!
+//! The origin backend's extension sends each step (begin, savepoints, one statement, finish)
+//! through its pgmr to the leaseholder's pgmr, which runs it in a session it keeps for that
+//! transaction: a pooled connection to its own PostgreSQL, inside `BEGIN`, with the origin's
+//! settings, each statement run by `multiregion.remote_exec` as the origin's role. The
+//! leaseholder's commit is then an ordinary local commit there, replicated through the
+//! range's Raft group like any other.
+//!
+//! Sessions end with the transaction (commit or rollback from the origin), when their origin
+//! backend is gone (the origin's pgmr checks its backends and keeps the others alive), or
+//! after [`IDLE_LIMIT`] without a keepalive (the origin node died): a remote transaction
+//! never holds its locks for long after its client is gone.
+
+use super::Ranges;
+use mr_wire::local::{Finish, ForwardRequest, LocalResponse, SqlError};
+use mr_wire::peer::{PeerRequest, PeerResponse};
+use sqlx::postgres::{PgConnection, PgDatabaseError};
+use sqlx::{ConnectOptions, Connection, Row};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const APPLICATION_NAME: &str = "pgmr forwarded transaction";
+/// A remote session without a keepalive from its origin for this long is rolled back.
+const IDLE_LIMIT: Duration = Duration::from_secs(60);
+/// How often the origin checks its backends and sends keepalives.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
+/// Idle connections kept per database for the next forwarded transaction.
+const POOL_PER_DATABASE: usize = 8;
+/// How long a forwarded step may take, end to end.
+const STEP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The sessions this node runs for other nodes, and those its backends run elsewhere.
+#[derive(Default)]
+pub struct Sessions {
+    remote: Mutex<HashMap<(u64, String), Arc<Remote>>>,
+    /// session → (node it runs on, origin backend pid).
+    origin: Mutex<HashMap<String, (u64, i32)>>,
+    /// Idle connections by database.
+    pool: Mutex<HashMap<String, Vec<PgConnection>>>,
+}
+
+struct Remote {
+    conn: tokio::sync::Mutex<Option<PgConnection>>,
+    database: String,
+    role: String,
+    gateway_region: String,
+    /// The backend serving this session, to cancel a statement the origin gave up on.
+    backend_pid: i32,
+    last_seen: Mutex<Instant>,
+    /// A statement failed and no savepoint rollback has undone it: the transaction can only
+    /// roll back.
+    failed: AtomicBool,
+}
+
+impl Ranges {
+    /// Sends one step of a forwarded transaction to `node_id` (origin side).
+    pub async fn forward(&self, node_id: u64, req: ForwardRequest) -> LocalResponse {
+        let commits = req.finish == Some(Finish::Commit);
+        let Some(addr) = self.meta.read(|s| {
+            s.nodes()
+                .find(|n| n.node_id == node_id)
+                .map(|n| n.rpc_addr.clone())
+        }) else {
+            return LocalResponse::Error {
+                message: format!("node {node_id} is not a member of the cluster"),
+                retryable: true,
+                ambiguous: false,
+            };
+        };
+        let (session, pid) = (req.session.clone(), req.backend_pid);
+        let ends = req.finish.is_some();
+        if !ends {
+            self.sessions
+                .origin
+                .lock()
+                .expect("sessions lock")
+                .insert(session.clone(), (node_id, pid));
+        }
+        let result = self
+            .transport
+            .call(&addr, PeerRequest::Exec(req), STEP_TIMEOUT)
+            .await;
+        if ends {
+            self.sessions
+                .origin
+                .lock()
+                .expect("sessions lock")
+                .remove(&session);
+        }
+        match result {
+            Ok(PeerResponse::Exec { response }) => *response,
+            Ok(PeerResponse::Error { message, retryable }) => LocalResponse::Error {
+                message: format!("node {node_id}: {message}"),
+                retryable,
+                ambiguous: false,
+            },
+            Ok(other) => LocalResponse::error(format!("node {node_id} answered {other:?}")),
+            // A lost answer to a commit leaves its outcome unknown; any other step's
+            // transaction is rolled back (the origin aborts, and the session ends).
+            Err(e) => LocalResponse::Error {
+                message: format!("lost the connection to node {node_id}: {e}"),
+                retryable: !commits,
+                ambiguous: commits,
+            },
+        }
+    }
+
+    /// Runs one step of a transaction forwarded by node `origin` (leaseholder side).
+    pub async fn serve_exec(&self, origin: u64, req: ForwardRequest) -> LocalResponse {
+        let key = (origin, req.session.clone());
+        let existing = self.sessions.remote.lock().expect("sessions lock").get(&key).cloned();
+        let remote = match (existing, &req.begin) {
+            (Some(r), _) => r,
+            (None, Some(begin)) => match self.begin_remote(origin, begin).await {
+                Ok(r) => {
+                    let r = Arc::new(r);
+                    self.sessions
+                        .remote
+                        .lock()
+                        .expect("sessions lock")
+                        .insert(key.clone(), r.clone());
+                    r
+                }
+                Err(e) => return LocalResponse::SqlError(e),
+            },
+            (None, None) if req.finish == Some(Finish::Rollback) => {
+                return LocalResponse::Forwarded {
+                    processed: 0,
+                    rows: Vec::new(),
+                }
+            }
+            (None, None) => {
+                return LocalResponse::SqlError(SqlError {
+                    code: "40001".into(),
+                    message: format!(
+                        "the transaction's session on node {} is gone (rolled back after its node restarted or after {} s without a keepalive)",
+                        self.me,
+                        IDLE_LIMIT.as_secs()
+                    ),
+                    detail: None,
+                    hint: Some("Retry the transaction.".into()),
+                })
+            }
+        };
+        *remote.last_seen.lock().expect("session lock") = Instant::now();
+        if req.finish == Some(Finish::Rollback) && req.statement.is_none() {
+            // Stop a statement still running for a client that gave up on it.
+            if let Ok(guard) = remote.conn.try_lock() {
+                drop(guard);
+            } else {
+                self.cancel_backend(&remote).await;
+            }
+        }
+        let mut guard = remote.conn.lock().await;
+        let Some(conn) = guard.as_mut() else {
+            return LocalResponse::SqlError(gone(self.me));
+        };
+        let outcome = run_steps(conn, &remote, &req).await;
+        let broken = matches!(&outcome, Err(Step::Broken(_)));
+        if req.finish.is_some() || broken {
+            self.sessions.remote.lock().expect("sessions lock").remove(&key);
+            let conn = guard.take();
+            drop(guard);
+            // A connection whose transaction ended cleanly serves the next one.
+            if let (Some(conn), false) = (conn, broken) {
+                self.put_back(&remote.database, conn);
+            }
+        }
+        match outcome {
+            Ok((processed, rows)) => LocalResponse::Forwarded { processed, rows },
+            Err(Step::Sql(e)) | Err(Step::Broken(e)) => LocalResponse::SqlError(e),
+        }
+    }
+
+    async fn begin_remote(
+        &self,
+        origin: u64,
+        begin: &mr_wire::local::ForwardBegin,
+    ) -> Result<Remote, SqlError> {
+        let pooled = self
+            .sessions
+            .pool
+            .lock()
+            .expect("pool lock")
+            .get_mut(&begin.database)
+            .and_then(Vec::pop);
+        // A pooled connection may have died with a PostgreSQL restart: then a fresh one.
+        let (mut conn, backend_pid) = match pooled {
+            Some(mut c) => match backend_pid(&mut c).await {
+                Ok(pid) => (c, pid),
+                Err(_) => self.connect(&begin.database).await?,
+            },
+            None => self.connect(&begin.database).await?,
+        };
+        sqlx::query(begin.isolation.begin_sql(begin.read_only))
+            .execute(&mut conn)
+            .await
+            .map_err(|e| sql_error(&e))?;
+        let (names, values): (Vec<String>, Vec<String>) = begin.settings.iter().cloned().unzip();
+        sqlx::query(
+            "SELECT pg_catalog.set_config(k, v, true) FROM unnest($1::text[], $2::text[]) AS s(k, v)",
+        )
+        .bind(names)
+        .bind(values)
+        .execute(&mut conn)
+        .await
+        .map_err(|e| sql_error(&e))?;
+        tracing::debug!(origin, database = %begin.database, role = %begin.role, "began a forwarded transaction");
+        Ok(Remote {
+            conn: tokio::sync::Mutex::new(Some(conn)),
+            database: begin.database.clone(),
+            role: begin.role.clone(),
+            gateway_region: begin.gateway_region.clone(),
+            backend_pid,
+            last_seen: Mutex::new(Instant::now()),
+            failed: AtomicBool::new(false),
+        })
+    }
+
+    async fn connect(&self, database: &str) -> Result<(PgConnection, i32), SqlError> {
+        let mut conn = self
+            .pg_cfg
+            .connect_options(database)
+            .application_name(APPLICATION_NAME)
+            .connect()
+            .await
+            .map_err(|e| sql_error(&e))?;
+        let pid = backend_pid(&mut conn).await.map_err(|e| sql_error(&e))?;
+        Ok((conn, pid))
+    }
+
+    fn put_back(&self, database: &str, conn: PgConnection) {
+        let mut pool = self.sessions.pool.lock().expect("pool lock");
+        let idle = pool.entry(database.to_string()).or_default();
+        if idle.len() < POOL_PER_DATABASE {
+            idle.push(conn);
+        }
+    }
+
+    async fn cancel_backend(&self, remote: &Remote) {
+        let opts = self
+            .pg_cfg
+            .connect_options(&remote.database)
+            .application_name(APPLICATION_NAME);
+        if let Ok(mut c) = opts.connect().await {
+            let _ = sqlx::query("SELECT pg_catalog.pg_cancel_backend($1)")
+                .bind(remote.backend_pid)
+                .execute(&mut c)
+                .await;
+            let _ = c.close().await;
+        }
+    }
+
+    /// The origin's keepalive: `sessions` of node `origin` are still in use.
+    pub fn keepalive(&self, origin: u64, sessions: &[String]) {
+        let remote = self.sessions.remote.lock().expect("sessions lock");
+        for s in sessions {
+            if let Some(r) = remote.get(&(origin, s.clone())) {
+                *r.last_seen.lock().expect("session lock") = Instant::now();
+            }
+        }
+    }
+
+    /// Both sides' upkeep, every [`KEEPALIVE_EVERY`]: sessions of backends that are gone are
+    /// rolled back, the others kept alive; remote sessions without a keepalive end.
+    pub(super) async fn session_upkeep(&self) {
+        let mine: Vec<(String, u64, i32)> = self
+            .sessions
+            .origin
+            .lock()
+            .expect("sessions lock")
+            .iter()
+            .map(|(s, &(n, p))| (s.clone(), n, p))
+            .collect();
+        let mut alive: HashMap<u64, Vec<String>> = HashMap::new();
+        for (session, node, pid) in mine {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                alive.entry(node).or_default().push(session);
+            } else {
+                let req = ForwardRequest {
+                    session,
+                    backend_pid: pid,
+                    begin: None,
+                    savepoints: Vec::new(),
+                    statement: None,
+                    finish: Some(Finish::Rollback),
+                };
+                let _ = self.forward(node, req).await;
+            }
+        }
+        for (node, sessions) in alive {
+            let addr = self.meta.read(|s| {
+                s.nodes()
+                    .find(|n| n.node_id == node)
+                    .map(|n| n.rpc_addr.clone())
+            });
+            if let Some(addr) = addr {
+                let req = PeerRequest::ExecKeepalive { sessions };
+                let _ = self.transport.call(&addr, req, Duration::from_secs(5)).await;
+            }
+        }
+        let now = Instant::now();
+        let mut remote = self.sessions.remote.lock().expect("sessions lock");
+        remote.retain(|(origin, session), r| {
+            let idle = now.duration_since(*r.last_seen.lock().expect("session lock"));
+            // A busy session is running a statement its origin is waiting for.
+            let keep = idle < IDLE_LIMIT || r.conn.try_lock().is_err();
+            if !keep {
+                tracing::info!(origin, session, "rolled back a forwarded transaction whose origin went silent");
+            }
+            keep
+        });
+    }
+
+    pub(super) async fn run_session_upkeep(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let mut tick = tokio::time::interval(KEEPALIVE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            self.session_upkeep().await;
+        }
+    }
+}
+
+enum Step {
+    /// The statement failed; the session goes on (a savepoint may undo it).
+    Sql(SqlError),
+    /// The connection is unusable; the session ends.
+    Broken(SqlError),
+}
+
+type Rows = (u64, Vec<Vec<Option<String>>>);
+
+async fn run_steps(
+    conn: &mut PgConnection,
+    remote: &Remote,
+    req: &ForwardRequest,
+) -> Result<Rows, Step> {
+    for op in &req.savepoints {
+        let sql = op.sql();
+        if let Err(e) = sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+            return Err(failed(remote, e));
+        }
+        if matches!(op, mr_wire::local::SavepointOp::RollbackTo(_)) {
+            remote.failed.store(false, Ordering::SeqCst);
+        }
+    }
+    let mut out: Rows = (0, Vec::new());
+    if let Some(st) = &req.statement {
+        let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
+        let result = sqlx::query(
+            "SELECT processed, \"row\" FROM multiregion.remote_exec($1, $2, $3, $4, $5)",
+        )
+        .bind(remote.role.clone())
+        .bind(remote.gateway_region.clone())
+        .bind(st.sql.clone())
+        .bind(types)
+        .bind(values)
+        .fetch_all(&mut *conn)
+        .await;
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => return Err(failed(remote, e)),
+        };
+        for r in rows {
+            let decoded: Result<(i64, Option<Vec<Option<String>>>), sqlx::Error> =
+                r.try_get(0).and_then(|p| Ok((p, r.try_get(1)?)));
+            match decoded {
+                Ok((processed, row)) => {
+                    out.0 = processed.max(0) as u64;
+                    out.1.extend(row);
+                }
+                Err(e) => return Err(Step::Broken(sql_error(&e))),
+            }
+        }
+    }
+    match req.finish {
+        Some(Finish::Commit) => {
+            // COMMIT of a failed transaction rolls back without an error: refuse it here.
+            if remote.failed.load(Ordering::SeqCst) {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Err(Step::Sql(SqlError {
+                    code: "25P02".into(),
+                    message: "current transaction is aborted, commands ignored until end of transaction block".into(),
+                    detail: None,
+                    hint: None,
+                }));
+            }
+            match sqlx::query("COMMIT").execute(&mut *conn).await {
+                Ok(_) => {}
+                Err(e @ sqlx::Error::Database(_)) => return Err(Step::Sql(sql_error(&e))),
+                Err(e) => {
+                    return Err(Step::Broken(SqlError {
+                        code: "40003".into(),
+                        ..sql_error(&e)
+                    }))
+                }
+            }
+        }
+        Some(Finish::Rollback) => {
+            if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
+                return Err(Step::Broken(sql_error(&e)));
+            }
+        }
+        None => {}
+    }
+    Ok(out)
+}
+
+/// A failed step: a statement error leaves the transaction failed until a savepoint
+/// rollback; anything else breaks the session.
+fn failed(remote: &Remote, e: sqlx::Error) -> Step {
+    match e {
+        sqlx::Error::Database(_) => {
+            remote.failed.store(true, Ordering::SeqCst);
+            Step::Sql(sql_error(&e))
+        }
+        other => Step::Broken(sql_error(&other)),
+    }
+}
+
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_catalog.pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+}
+
+fn gone(me: u64) -> SqlError {
+    SqlError {
+        code: "40001".into(),
+        message: format!("the transaction's session on node {me} has ended"),
+        detail: None,
+        hint: Some("Retry the transaction.".into()),
+    }
+}
+
+/// An error as the client should see it: PostgreSQL's own, or a connection failure.
+fn sql_error(e: &sqlx::Error) -> SqlError {
+    match e {
+        sqlx::Error::Database(db) => match db.try_downcast_ref::<PgDatabaseError>() {
+            Some(pg) => SqlError {
+                code: pg.code().to_string(),
+                message: pg.message().to_string(),
+                detail: pg.detail().map(str::to_string),
+                hint: pg.hint().map(str::to_string),
+            },
+            None => SqlError {
+                code: db.code().map_or("XX000".into(), |c| c.to_string()),
+                message: db.message().to_string(),
+                detail: None,
+                hint: None,
+            },
+        },
+        other => SqlError {
+            code: "08006".into(),
+            message: format!("the leaseholder's PostgreSQL connection failed: {other}"),
+            detail: None,
+            hint: None,
+        },
+    }
+}

@@ -1,0 +1,788 @@
+//! Statement routing (ARCHITECTURE.md §9): a statement on rows leased by another node runs
+//! in that node's PostgreSQL, and its rows come back here as if it had run locally.
+//!
+//! * **Deciding** (`ExecutorStart`): a statement that reads or writes replicated tables asks
+//!   pgmr where it runs. A write (or a locking read) runs on the node that leases every range
+//!   it touches; a read runs here when this node holds a replica of every range (after its
+//!   read barrier), else on the node that leases them all. Once a transaction has run a
+//!   statement elsewhere it is pinned there: every later statement over replicated tables
+//!   follows it, so the transaction reads its own writes and commits in one place.
+//! * **Running** (`ExecutorRun`): the statement's own text and parameters (as text) go to the
+//!   leaseholder through pgmr; its rows come back as text and are fed to the statement's
+//!   destination through the input functions of the columns this node planned, so clients,
+//!   cursors, PL/pgSQL and `RETURNING` see ordinary results.
+//! * **Ending**: the transaction's commit here first commits the remote one (and fails if it
+//!   fails); an abort rolls it back; savepoints are mirrored lazily, named by subtransaction
+//!   id. An autocommit statement sent through the simple query protocol begins, runs and
+//!   commits remotely in one message: one round trip.
+//!
+//! A transaction that wrote rows here and then needs another node (or the reverse) would need
+//! two-phase commit, which is not built: it is refused with 0A000 before anything is done.
+
+use crate::error::{MrError, OrRaise};
+use crate::{gucs, replication, sidecar};
+use mr_wire::local::{
+    Finish, ForwardBegin, ForwardRequest, ForwardStatement, Isolation, SavepointOp,
+};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgMemoryContexts;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{CStr, CString};
+
+/// The settings a forwarded statement's meaning or text format depends on.
+const FORWARDED_SETTINGS: &[&str] = &[
+    "search_path",
+    "DateStyle",
+    "IntervalStyle",
+    "TimeZone",
+    "extra_float_digits",
+    "bytea_output",
+    "lock_timeout",
+    "statement_timeout",
+    "multiregion.enable_auto_rehoming",
+];
+
+/// A statement this backend runs on another node.
+struct Forwarded {
+    node: u64,
+    /// The rows not yet handed to the destination, once the statement ran.
+    rows: Option<VecDeque<Vec<Option<String>>>>,
+    processed: u64,
+}
+
+/// This transaction's session on another node.
+struct RemoteTxn {
+    node: u64,
+    session: String,
+    /// Origin subtransactions that have a savepoint there, outermost first.
+    savepoints: Vec<u32>,
+    /// Savepoint operations to send before the next step.
+    pending: Vec<SavepointOp>,
+}
+
+thread_local! {
+    /// Statements to forward, by QueryDesc address.
+    static FORWARDED: RefCell<HashMap<usize, Forwarded>> = RefCell::new(HashMap::new());
+    static REMOTE: RefCell<Option<RemoteTxn>> = const { RefCell::new(None) };
+    /// This transaction's open subtransactions, outermost first.
+    static OPEN_SUBS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    /// Above zero while this backend runs a statement another node forwarded here: it is
+    /// never forwarded again.
+    static SERVING: Cell<u32> = const { Cell::new(0) };
+    /// The forwarding node's region while serving its statement (`gateway_region()`).
+    static GATEWAY_REGION: RefCell<Option<String>> = const { RefCell::new(None) };
+    /// Executor runs in progress: above zero, a statement is nested in another.
+    static RUN_DEPTH: Cell<u32> = const { Cell::new(0) };
+    static SESSION_SEQ: Cell<u64> = const { Cell::new(0) };
+    static DATABASE: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// The region `gateway_region()` answers: the forwarding node's while serving its statement.
+pub fn gateway_region_override() -> Option<String> {
+    GATEWAY_REGION.with(|g| g.borrow().clone())
+}
+
+/// This backend's database.
+#[allow(unsafe_code)]
+pub fn database() -> String {
+    if let Some(d) = DATABASE.with(|d| d.borrow().clone()) {
+        return d;
+    }
+    // SAFETY: MyDatabaseId is set for the life of a backend connected to a database;
+    // get_database_name returns a palloc'd copy (NULL if the database is gone).
+    let name = unsafe {
+        let p = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        if p.is_null() {
+            return String::new();
+        }
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    };
+    DATABASE.with(|d| *d.borrow_mut() = Some(name.clone()));
+    name
+}
+
+/// Before a statement starts: decides where it runs. A read that stays here has passed its
+/// read barrier when this returns.
+///
+/// # Safety
+/// `qd` is the QueryDesc PostgreSQL is about to start; its relations are locked.
+#[allow(unsafe_code)]
+pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
+    let key = qd as *mut pg_sys::QueryDesc as usize;
+    FORWARDED.with(|f| f.borrow_mut().remove(&key));
+    if gucs::sidecar_socket().is_none()
+        || eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0
+        || qd.plannedstmt.is_null()
+    {
+        return;
+    }
+    // SAFETY: reads backend globals. A parallel worker runs its leader's plan (the leader did
+    // the routing); a session in replica mode is a range applier writing this node's copy.
+    if unsafe {
+        pg_sys::ParallelWorkerNumber >= 0
+            || pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+    } {
+        return;
+    }
+    if SERVING.with(Cell::get) > 0 {
+        // SAFETY: as this function's contract.
+        unsafe { replication::read_barrier(qd, eflags) };
+        return;
+    }
+    // SAFETY: the planned statement is valid for the query's life; reads a backend global.
+    // Under REPEATABLE READ and SERIALIZABLE a read also goes to the leaseholder: this
+    // node's snapshot may predate its read barrier, and serializable conflicts are only seen
+    // where the writes are.
+    let (write, can_set_tag) = unsafe {
+        let ps = &*qd.plannedstmt;
+        (
+            qd.operation != pg_sys::CmdType::CMD_SELECT
+                || !ps.rowMarks.is_null()
+                || ps.hasModifyingCTE
+                || pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32,
+            ps.canSetTag,
+        )
+    };
+    // SAFETY: as this function's contract.
+    let targets = unsafe { replication::statement_targets(qd) };
+    if targets.is_empty() {
+        return;
+    }
+    // SAFETY: the parameter list, if any, is valid for the query's life. PL/pgSQL passes one
+    // with a fetch hook exactly when the statement uses its variables.
+    let dynamic_params = unsafe { !qd.params.is_null() && (*qd.params).paramFetch.is_some() };
+    let refuse_dynamic = |node: u64| {
+        if dynamic_params {
+            // PL/pgSQL resolves its variables while parsing: the statement's text alone
+            // does not say what they are.
+            MrError::WriteNotServed {
+                message: format!("a PL/pgSQL statement that uses variables cannot run on node {node}, which leases the rows it touches"),
+                hint: "Call the function on the leaseholder's node (lease_holder in multiregion.ranges), or run the statement from the client.".into(),
+            }
+            .raise();
+        }
+    };
+    if let Some(node) = REMOTE.with(|r| r.borrow().as_ref().map(|r| r.node)) {
+        refuse_dynamic(node);
+        // Pinned: the transaction's reads and writes go where its writes went.
+        FORWARDED.with(|f| {
+            f.borrow_mut().insert(
+                key,
+                Forwarded {
+                    node,
+                    rows: None,
+                    processed: 0,
+                },
+            )
+        });
+        return;
+    }
+    match sidecar::route(database(), targets, write) {
+        Ok((false, _)) => replication::barrier_off_for_a_while(),
+        Ok((true, None)) => {
+            if !write {
+                // SAFETY: as this function's contract.
+                unsafe { replication::fresh_snapshot(qd) };
+            }
+        }
+        Ok((true, Some(node))) => {
+            if !can_set_tag {
+                // A rule's extra statement shares its text with the original one.
+                MrError::WriteNotServed {
+                    message: format!("a statement generated by a rule cannot run on node {node}, which leases the rows it touches"),
+                    hint: "Run the statement on that node, or drop the rule.".into(),
+                }
+                .raise();
+            }
+            refuse_dynamic(node);
+            if replication::has_local_changes() {
+                MrError::WriteNotServed {
+                    message: format!(
+                        "this transaction wrote rows leased on this node and now touches rows leased on node {node}"
+                    ),
+                    hint: "A transaction over ranges leased on different nodes needs two-phase commit, which is not built yet: split it into one transaction per leaseholder.".into(),
+                }
+                .raise();
+            }
+            FORWARDED.with(|f| {
+                f.borrow_mut().insert(
+                    key,
+                    Forwarded {
+                        node,
+                        rows: None,
+                        processed: 0,
+                    },
+                )
+            });
+        }
+        Err(e) => e.raise(),
+    }
+}
+
+/// Whether this transaction runs statements on another node.
+pub fn is_pinned() -> bool {
+    REMOTE.with(|r| r.borrow().is_some())
+}
+
+/// Runs a statement: forwarded ones from their rows, the others through `run` (PostgreSQL's
+/// own executor, or the previous hook).
+///
+/// # Safety
+/// `qd` is a started QueryDesc; `run` executes it as `ExecutorRun` would.
+#[allow(unsafe_code)]
+pub unsafe fn executor_run(
+    qd: *mut pg_sys::QueryDesc,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+    run: impl FnOnce(),
+) {
+    let key = qd as usize;
+    let node = FORWARDED.with(|f| f.borrow().get(&key).map(|x| x.node));
+    let Some(node) = node else {
+        struct Depth;
+        impl Drop for Depth {
+            fn drop(&mut self) {
+                RUN_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+            }
+        }
+        RUN_DEPTH.with(|d| d.set(d.get() + 1));
+        let _depth = Depth;
+        run();
+        return;
+    };
+    // SAFETY: as this function's contract.
+    unsafe { run_forwarded(&mut *qd, key, node, direction, count) }
+}
+
+#[allow(unsafe_code)]
+unsafe fn run_forwarded(
+    qd: &mut pg_sys::QueryDesc,
+    key: usize,
+    node: u64,
+    direction: pg_sys::ScanDirection::Type,
+    count: u64,
+) {
+    if direction == pg_sys::ScanDirection::BackwardScanDirection {
+        MrError::WriteNotServed {
+            message: "a cursor over rows leased on another node cannot move backward".into(),
+            hint: "Fetch forward only, or declare the cursor WITH HOLD on a node with replicas.".into(),
+        }
+        .raise();
+    }
+    let ran = FORWARDED.with(|f| f.borrow().get(&key).is_some_and(|x| x.rows.is_some()));
+    if !ran {
+        // SAFETY: `qd` is started: its statement, text and parameters are valid.
+        let (processed, rows) = unsafe { forward_statement(qd, node) }.or_raise();
+        FORWARDED.with(|f| {
+            if let Some(x) = f.borrow_mut().get_mut(&key) {
+                x.rows = Some(rows.into());
+                x.processed = processed;
+            }
+        });
+    }
+    // SAFETY: the QueryDesc is started, so its estate, result descriptor and destination are
+    // valid; the slot is made for that descriptor and dropped before returning; each row's
+    // datums live in a context reset only after the destination has consumed the row.
+    unsafe {
+        let ps = &*qd.plannedstmt;
+        let send = qd.operation == pg_sys::CmdType::CMD_SELECT || ps.hasReturning;
+        let dest = qd.dest;
+        let estate = &mut *qd.estate;
+        let mut sent = 0u64;
+        if send {
+            if let Some(startup) = (*dest).rStartup {
+                startup(dest, qd.operation as i32, qd.tupDesc);
+            }
+            let td = qd.tupDesc;
+            let natts = (*td).natts as usize;
+            let attrs = (*td).attrs.as_slice(natts);
+            let mut inputs = Vec::with_capacity(natts);
+            for a in attrs {
+                let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                if !a.attisdropped {
+                    pg_sys::getTypeInputInfo(a.atttypid, &mut func, &mut ioparam);
+                }
+                inputs.push((func, ioparam, a.atttypmod, a.attisdropped));
+            }
+            let slot = pg_sys::MakeSingleTupleTableSlot(td, &pg_sys::TTSOpsVirtual);
+            let mut cx = PgMemoryContexts::new("forwarded rows");
+            loop {
+                if count != 0 && sent >= count {
+                    break;
+                }
+                let Some(row) = FORWARDED.with(|f| {
+                    f.borrow_mut()
+                        .get_mut(&key)
+                        .and_then(|x| x.rows.as_mut()?.pop_front())
+                }) else {
+                    break;
+                };
+                if let Some(clear) = (*(*slot).tts_ops).clear {
+                    clear(slot);
+                }
+                cx.switch_to(|_| {
+                    for (i, &(func, ioparam, typmod, dropped)) in inputs.iter().enumerate() {
+                        let v = row.get(i).cloned().flatten();
+                        match v {
+                            Some(text) if !dropped => {
+                                let c = CString::new(text).unwrap_or_default();
+                                *(*slot).tts_values.add(i) =
+                                    pg_sys::OidInputFunctionCall(func, c.as_ptr() as *mut _, ioparam, typmod);
+                                *(*slot).tts_isnull.add(i) = false;
+                            }
+                            _ => {
+                                *(*slot).tts_values.add(i) = pg_sys::Datum::from(0);
+                                *(*slot).tts_isnull.add(i) = true;
+                            }
+                        }
+                    }
+                });
+                pg_sys::ExecStoreVirtualTuple(slot);
+                let more = match (*dest).receiveSlot {
+                    Some(receive) => receive(slot, dest),
+                    None => true,
+                };
+                cx.reset();
+                sent += 1;
+                if !more {
+                    break;
+                }
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+            if let Some(shutdown) = (*dest).rShutdown {
+                shutdown(dest);
+            }
+            estate.es_processed = sent;
+        } else {
+            estate.es_processed = FORWARDED.with(|f| f.borrow().get(&key).map_or(0, |x| x.processed));
+        }
+    }
+}
+
+/// After a statement: forgets what was kept for it.
+pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
+    FORWARDED.with(|f| f.borrow_mut().remove(&(qd as usize)));
+}
+
+/// Sends the statement of `qd` to `node`, beginning the remote transaction if needed.
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn forward_statement(
+    qd: &mut pg_sys::QueryDesc,
+    node: u64,
+) -> Result<(u64, Vec<Vec<Option<String>>>), MrError> {
+    // SAFETY: as this function's contract.
+    let statement = unsafe { statement_of(qd) };
+    let depth = RUN_DEPTH.with(Cell::get);
+    // SAFETY: reads backend globals and the destination's kind.
+    let autocommit = unsafe {
+        !pg_sys::IsTransactionBlock()
+            && depth == 0
+            && (*qd.dest).mydest == pg_sys::CommandDest::DestRemote
+    };
+    let open = OPEN_SUBS.with(|o| o.borrow().clone());
+    let pinned = REMOTE.with(|r| r.borrow().is_some());
+    let (req, pin) = if pinned {
+        let req = REMOTE.with(|r| {
+            let mut r = r.borrow_mut();
+            let r = r.as_mut().expect("pinned");
+            let mut savepoints = std::mem::take(&mut r.pending);
+            for id in open.iter().skip(r.savepoints.len()) {
+                savepoints.push(SavepointOp::Savepoint(*id));
+                r.savepoints.push(*id);
+            }
+            ForwardRequest {
+                session: r.session.clone(),
+                backend_pid: backend_pid(),
+                begin: None,
+                savepoints,
+                statement: Some(statement),
+                finish: None,
+            }
+        });
+        (req, None)
+    } else {
+        let session = new_session();
+        let req = ForwardRequest {
+            session: session.clone(),
+            backend_pid: backend_pid(),
+            // SAFETY: reads backend state.
+            begin: Some(unsafe { begin_info() }?),
+            savepoints: open.iter().map(|id| SavepointOp::Savepoint(*id)).collect(),
+            statement: Some(statement),
+            finish: autocommit.then_some(Finish::Commit),
+        };
+        let pin = (!autocommit).then(|| RemoteTxn {
+            node,
+            session,
+            savepoints: open.clone(),
+            pending: Vec::new(),
+        });
+        (req, pin)
+    };
+    if let Some(pin) = pin {
+        // Pinned before sending: if the answer is lost, the abort still rolls it back.
+        REMOTE.with(|r| *r.borrow_mut() = Some(pin));
+    }
+    sidecar::forward(node, req)
+}
+
+/// The statement's own text (one statement of a multi-statement string) and parameters.
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
+    // SAFETY: the source text is NUL-terminated and outlives the query; the location and
+    // length are byte offsets into it set by the parser (-1 and 0 mean "all" and "to the
+    // end"); parameters are read through their fetch hook when one is set, as the executor
+    // does.
+    unsafe {
+        let ps = &*qd.plannedstmt;
+        let text = if qd.sourceText.is_null() {
+            ""
+        } else {
+            CStr::from_ptr(qd.sourceText).to_str().unwrap_or("")
+        };
+        let start = usize::try_from(ps.stmt_location).unwrap_or(0).min(text.len());
+        let end = match usize::try_from(ps.stmt_len) {
+            Ok(0) | Err(_) => text.len(),
+            Ok(n) => (start + n).min(text.len()),
+        };
+        let mut sql = text.get(start..end).unwrap_or(text);
+        // EXECUTE of a prepared statement carries the whole PREPARE as its text.
+        if let Some(inner) = mr_sql::prepared_statement(sql) {
+            sql = inner;
+        }
+        let sql = sql.to_string();
+        let mut params = Vec::new();
+        let pl = qd.params;
+        if !pl.is_null() {
+            let n = (*pl).numParams.max(0) as usize;
+            for i in 0..n {
+                let mut workspace = pg_sys::ParamExternData::default();
+                let p: *const pg_sys::ParamExternData = match (*pl).paramFetch {
+                    Some(fetch) => fetch(pl, i as i32 + 1, false, &mut workspace),
+                    None => (*pl).params.as_ptr().add(i),
+                };
+                if p.is_null() || (*p).ptype == pg_sys::InvalidOid {
+                    params.push(("unknown".to_string(), None));
+                    continue;
+                }
+                let typ = CStr::from_ptr(pg_sys::format_type_extended(
+                    (*p).ptype,
+                    -1,
+                    pg_sys::FORMAT_TYPE_FORCE_QUALIFY as u16,
+                ))
+                .to_string_lossy()
+                .into_owned();
+                let value = if (*p).isnull {
+                    None
+                } else {
+                    let (mut out, mut varlena) = (pg_sys::InvalidOid, false);
+                    pg_sys::getTypeOutputInfo((*p).ptype, &mut out, &mut varlena);
+                    let s = pg_sys::OidOutputFunctionCall(out, (*p).value);
+                    Some(CStr::from_ptr(s).to_string_lossy().into_owned())
+                };
+                params.push((typ, value));
+            }
+        }
+        ForwardStatement { sql, params }
+    }
+}
+
+#[allow(unsafe_code)]
+fn backend_pid() -> i32 {
+    // SAFETY: MyProcPid is set once at backend start.
+    unsafe { pg_sys::MyProcPid }
+}
+
+#[allow(unsafe_code)]
+fn new_session() -> String {
+    let seq = SESSION_SEQ.with(|s| {
+        s.set(s.get() + 1);
+        s.get()
+    });
+    // SAFETY: MyStartTime is set once at backend start.
+    let started = unsafe { pg_sys::MyStartTime };
+    format!("{}-{started}-{seq}", backend_pid())
+}
+
+/// What the remote transaction needs to behave like this one.
+///
+/// # Safety
+/// Called inside a transaction.
+#[allow(unsafe_code)]
+unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
+    // SAFETY: reads backend globals; the returned strings are copied at once.
+    unsafe {
+        let role = CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), false))
+            .to_string_lossy()
+            .into_owned();
+        let isolation = match pg_sys::XactIsoLevel as u32 {
+            pg_sys::XACT_SERIALIZABLE => Isolation::Serializable,
+            pg_sys::XACT_REPEATABLE_READ => Isolation::RepeatableRead,
+            _ => Isolation::ReadCommitted,
+        };
+        let mut settings = Vec::new();
+        for name in FORWARDED_SETTINGS {
+            let c = CString::new(*name).expect("no NUL");
+            let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
+            if !v.is_null() {
+                settings.push((name.to_string(), CStr::from_ptr(v).to_string_lossy().into_owned()));
+            }
+        }
+        Ok(ForwardBegin {
+            database: database(),
+            role,
+            isolation,
+            read_only: pg_sys::XactReadOnly,
+            settings,
+            gateway_region: gucs::locality()?.region().to_owned(),
+        })
+    }
+}
+
+/// Transaction pre-commit: commits the remote transaction first; its failure aborts this one.
+pub fn pre_commit() -> Result<(), MrError> {
+    let Some(r) = REMOTE.with(|r| r.borrow_mut().take()) else {
+        return Ok(());
+    };
+    if replication::has_local_changes() {
+        let _ = finish(&r, Finish::Rollback);
+        return Err(MrError::WriteNotServed {
+            message: format!(
+                "this transaction wrote rows leased on this node and on node {}",
+                r.node
+            ),
+            hint: "A transaction over ranges leased on different nodes needs two-phase commit, which is not built yet: split it into one transaction per leaseholder.".into(),
+        });
+    }
+    finish(&r, Finish::Commit)
+}
+
+fn finish(r: &RemoteTxn, how: Finish) -> Result<(), MrError> {
+    let req = ForwardRequest {
+        session: r.session.clone(),
+        backend_pid: backend_pid(),
+        begin: None,
+        savepoints: r.pending.clone(),
+        statement: None,
+        finish: Some(how),
+    };
+    sidecar::forward(r.node, req).map(|_| ())
+}
+
+/// Before PREPARE TRANSACTION: a transaction with a remote part cannot be prepared here.
+pub fn pre_prepare() {
+    if is_pinned() {
+        MrError::PrepareReplicated.raise();
+    }
+}
+
+/// Transaction end: an aborted transaction's remote part is rolled back (best effort: the
+/// remote session also ends when this backend is gone).
+pub fn at_end(aborted: bool) {
+    FORWARDED.with(|f| f.borrow_mut().clear());
+    OPEN_SUBS.with(|o| o.borrow_mut().clear());
+    RUN_DEPTH.with(|d| d.set(0));
+    if let Some(r) = REMOTE.with(|r| r.borrow_mut().take()) {
+        if aborted {
+            if let Err(e) = finish(&r, Finish::Rollback) {
+                pgrx::warning!(
+                    "could not roll back this transaction's part on node {}: {e}; it is rolled back when the node notices this backend is gone",
+                    r.node
+                );
+            }
+        }
+    }
+}
+
+/// Mirrors subtransaction starts and ends onto the remote transaction's savepoints.
+pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionId) {
+    use pg_sys::SubXactEvent::*;
+    match event {
+        SUBXACT_EVENT_START_SUB => OPEN_SUBS.with(|o| o.borrow_mut().push(my)),
+        SUBXACT_EVENT_COMMIT_SUB | SUBXACT_EVENT_ABORT_SUB => {
+            OPEN_SUBS.with(|o| {
+                let mut o = o.borrow_mut();
+                if let Some(pos) = o.iter().position(|&s| s == my) {
+                    o.truncate(pos);
+                }
+            });
+            let abort = event == SUBXACT_EVENT_ABORT_SUB;
+            REMOTE.with(|r| {
+                if let Some(r) = r.borrow_mut().as_mut() {
+                    if let Some(pos) = r.savepoints.iter().position(|&s| s == my) {
+                        if abort {
+                            r.pending.push(SavepointOp::RollbackTo(my));
+                        }
+                        r.pending.push(SavepointOp::Release(my));
+                        r.savepoints.truncate(pos);
+                    }
+                }
+            });
+            if abort {
+                // Statements of the rolled-back subtransaction that never ended.
+                RUN_DEPTH.with(|d| d.set(0));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
+/// that node's region: its rows as text, each with the number of rows processed (one row
+/// with a NULL `row` when it returns none). Only pgmr calls this (EXECUTE is revoked from
+/// PUBLIC): the forwarding node vouches for the role over the authenticated peer link.
+#[pg_extern(schema = "multiregion")]
+#[allow(unsafe_code)]
+fn remote_exec(
+    role: &str,
+    gateway_region: &str,
+    sql: &str,
+    types: Vec<String>,
+    vals: Vec<Option<String>>,
+) -> TableIterator<'static, (name!(processed, i64), name!(row, Option<Vec<Option<String>>>))> {
+    struct Serving {
+        prev_region: Option<String>,
+        user: Option<(pg_sys::Oid, i32)>,
+    }
+    impl Drop for Serving {
+        #[allow(unsafe_code)]
+        fn drop(&mut self) {
+            SERVING.with(|s| s.set(s.get().saturating_sub(1)));
+            GATEWAY_REGION.with(|g| *g.borrow_mut() = self.prev_region.take());
+            if let Some((uid, cx)) = self.user {
+                // SAFETY: restores the user id saved below, as fmgr_security_definer does.
+                unsafe { pg_sys::SetUserIdAndSecContext(uid, cx) };
+            }
+        }
+    }
+    if types.len() != vals.len() {
+        MrError::BadArgument {
+            what: "parameter list",
+            value: format!("{} types, {} values", types.len(), vals.len()),
+            expected: "as many types as values",
+        }
+        .raise();
+    }
+    SERVING.with(|s| s.set(s.get() + 1));
+    let mut guard = Serving {
+        prev_region: GATEWAY_REGION.with(|g| g.borrow_mut().replace(gateway_region.to_string())),
+        user: None,
+    };
+    let mut out: Vec<(i64, Option<Vec<Option<String>>>)> = Vec::new();
+    // SAFETY: SPI is connected and finished here, around one statement; the argument arrays
+    // outlive the call; result tuples are read before SPI_finish frees them. The user id is
+    // switched as SECURITY DEFINER functions do and restored by the guard (and by abort).
+    unsafe {
+        let role_c = CString::new(role).unwrap_or_default();
+        let roleid = pg_sys::get_role_oid(role_c.as_ptr(), false);
+        let (mut uid, mut cx) = (pg_sys::InvalidOid, 0i32);
+        pg_sys::GetUserIdAndSecContext(&mut uid, &mut cx);
+        guard.user = Some((uid, cx));
+        pg_sys::SetUserIdAndSecContext(roleid, cx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+
+        let mut argtypes = Vec::with_capacity(types.len());
+        let mut values = Vec::with_capacity(types.len());
+        let mut nulls = Vec::with_capacity(types.len());
+        for (t, v) in types.iter().zip(&vals) {
+            let tc = CString::new(t.as_str()).unwrap_or_default();
+            let (mut oid, mut typmod) = (pg_sys::InvalidOid, -1i32);
+            pg_sys::parseTypeString(tc.as_ptr(), &mut oid, &mut typmod, false);
+            argtypes.push(oid);
+            match v {
+                Some(text) => {
+                    let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                    pg_sys::getTypeInputInfo(oid, &mut func, &mut ioparam);
+                    let c = CString::new(text.as_str()).unwrap_or_default();
+                    values.push(pg_sys::OidInputFunctionCall(
+                        func,
+                        c.as_ptr() as *mut _,
+                        ioparam,
+                        typmod,
+                    ));
+                    nulls.push(b' ' as std::ffi::c_char);
+                }
+                None => {
+                    values.push(pg_sys::Datum::from(0));
+                    nulls.push(b'n' as std::ffi::c_char);
+                }
+            }
+        }
+        let sql_c = CString::new(sql).unwrap_or_default();
+        // Exactly one SELECT, INSERT, UPDATE or DELETE (the forwarding node planned one).
+        let parsed = pg_sys::raw_parser(sql_c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let one_query = !parsed.is_null() && (*parsed).length == 1 && {
+            let raw = pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt;
+            let tag = (*(*raw).stmt).type_;
+            matches!(
+                tag,
+                pg_sys::NodeTag::T_SelectStmt
+                    | pg_sys::NodeTag::T_InsertStmt
+                    | pg_sys::NodeTag::T_UpdateStmt
+                    | pg_sys::NodeTag::T_DeleteStmt
+            )
+        };
+        if !one_query {
+            MrError::BadArgument {
+                what: "forwarded statement",
+                value: sql.chars().take(60).collect(),
+                expected: "one SELECT, INSERT, UPDATE or DELETE",
+            }
+            .raise();
+        }
+        pg_sys::SPI_connect();
+        let rc = pg_sys::SPI_execute_with_args(
+            sql_c.as_ptr(),
+            argtypes.len() as i32,
+            argtypes.as_mut_ptr(),
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            false,
+            0,
+        );
+        if rc < 0 {
+            pg_sys::SPI_finish();
+            MrError::Sidecar(format!("SPI_execute_with_args failed with code {rc}")).raise();
+        }
+        let processed = pg_sys::SPI_processed as i64;
+        let tt = pg_sys::SPI_tuptable;
+        if !tt.is_null() && rc != pg_sys::SPI_OK_UTILITY as i32 {
+            let td = (*tt).tupdesc;
+            let natts = (*td).natts;
+            for i in 0..(*tt).numvals as usize {
+                let tuple = *(*tt).vals.add(i);
+                let mut row = Vec::with_capacity(natts as usize);
+                for a in 1..=natts {
+                    let v = pg_sys::SPI_getvalue(tuple, td, a);
+                    row.push(if v.is_null() {
+                        None
+                    } else {
+                        Some(CStr::from_ptr(v).to_string_lossy().into_owned())
+                    });
+                }
+                out.push((processed, Some(row)));
+            }
+        }
+        pg_sys::SPI_finish();
+        if out.is_empty() {
+            out.push((processed, None));
+        }
+    }
+    drop(guard);
+    TableIterator::new(out)
+}
+
+extension_sql!(
+    r#"
+REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[]) FROM PUBLIC;
+"#,
+    name = "routing",
+    requires = [remote_exec]
+);
