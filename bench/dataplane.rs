@@ -62,11 +62,13 @@ async fn exec(c: &mut PgConnection, sql: &str) {
 async fn enable_replication(node: &Node) {
     eventually("replication on", Duration::from_secs(60), || async {
         let mut c = node.sql().await;
-        sqlx::query("SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')")
-            .execute(&mut c)
-            .await
-            .ok()
-            .map(|_| ())
+        sqlx::query(
+            "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
+        )
+        .execute(&mut c)
+        .await
+        .ok()
+        .map(|_| ())
     })
     .await;
 }
@@ -100,6 +102,22 @@ async fn latencies(c: &mut PgConnection, sql: &str) -> Vec<f64> {
             .execute(&mut *c)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        out.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    out
+}
+
+/// Latencies (ms) of `OPS` runs of `sql` through the simple query protocol (psql's and
+/// psycopg2's), with `{}` replaced by a key in 1..=1000.
+async fn latencies_simple(c: &mut PgConnection, sql: &str) -> Vec<f64> {
+    let mut out = Vec::with_capacity(OPS);
+    for i in 0..OPS {
+        let text = sql.replace("{}", &((i % 1000) + 1).to_string());
+        let started = Instant::now();
+        sqlx::raw_sql(&text)
+            .execute(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("{text}: {e}"));
         out.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     out
@@ -172,11 +190,19 @@ async fn main() {
              DISABLE TRIGGER multiregion_capture_truncate",
     )
     .await;
-    exec(&mut lh, "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g").await;
+    exec(
+        &mut lh,
+        "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g",
+    )
+    .await;
     println!("| operation | p50 | p99 | floor |");
     println!("|---|---|---|---|");
     let plain = p50_p99(latencies(&mut lh, "UPDATE plain_kv SET v = v + 1 WHERE k = $1").await);
-    row("UPDATE, plain PostgreSQL (same node)", plain, "local commit");
+    row(
+        "UPDATE, plain PostgreSQL (same node)",
+        plain,
+        "local commit",
+    );
     let repl = p50_p99(latencies(&mut lh, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
     row(
         "UPDATE on the leaseholder, 3 voters in us-east1",
@@ -187,7 +213,11 @@ async fn main() {
     // spreads them), so the nearest quorum is one inter-region round trip away.
     exec(&mut c, "CREATE DATABASE bench_wide").await;
     let mut w = connect(&nodes[0], "bench_wide").await;
-    exec(&mut w, "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)").await;
+    exec(
+        &mut w,
+        "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
+    )
+    .await;
     let wide_holder = loop {
         let h: Option<i64> = sqlx::query_scalar(
             "SELECT lease_holder FROM multiregion.ranges WHERE database_name = 'bench_wide'",
@@ -203,12 +233,38 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let mut wl = connect(&nodes[wide_holder], "bench_wide").await;
-    exec(&mut wl, "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g").await;
+    exec(
+        &mut wl,
+        "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g",
+    )
+    .await;
     let wide = p50_p99(latencies(&mut wl, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
     row(
         "UPDATE on the leaseholder, voters in 3 regions (no database regions)",
         wide,
         "63 ms (RTT us-east1 ↔ us-west1, the nearest other voter)",
+    );
+    // Forwarded: through a node that is not the leaseholder.
+    let east_other = (0..3).find(|i| *i != holder).expect("three us-east1 nodes");
+    let mut eo = connect(&nodes[east_other], "bench").await;
+    let fwd_east = p50_p99(latencies_simple(&mut eo, "UPDATE kv SET v = v + 1 WHERE k = {}").await);
+    row(
+        "UPDATE through another us-east1 node (forwarded, simple protocol)",
+        fwd_east,
+        "4 ms (to the leaseholder and back, plus its quorum)",
+    );
+    let mut wf = connect(&nodes[3], "bench").await;
+    let fwd_west = p50_p99(latencies_simple(&mut wf, "UPDATE kv SET v = v + 1 WHERE k = {}").await);
+    row(
+        "UPDATE through the us-west1 node (forwarded, simple protocol)",
+        fwd_west,
+        "65 ms (RTT to the leaseholder plus its quorum)",
+    );
+    let fwd_west_ext = p50_p99(latencies(&mut wf, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
+    row(
+        "UPDATE through the us-west1 node (forwarded, extended protocol)",
+        fwd_west_ext,
+        "65 ms (statement and commit are two round trips today)",
     );
     let plain_read = p50_p99(latencies(&mut lh, "SELECT v FROM plain_kv WHERE k = $1").await);
     row("point read, plain PostgreSQL", plain_read, "local");
@@ -253,7 +309,11 @@ async fn main() {
     let mut c = nodes3[0].sql().await;
     exec(&mut c, "CREATE DATABASE bench").await;
     let mut b = connect(&nodes3[0], "bench").await;
-    exec(&mut b, "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)").await;
+    exec(
+        &mut b,
+        "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
+    )
+    .await;
     let mut times = Vec::new();
     let mut key = 0;
     for _ in 0..FAILOVERS {
@@ -299,21 +359,25 @@ async fn main() {
         times.push(killed.elapsed().as_secs_f64());
         nodes3[holder].restart();
         // Wait until the restarted node serves again and holds every row.
-        eventually("the restarted node to catch up", Duration::from_secs(60), || async {
-            let mut c = PgConnectOptions::new()
-                .host("127.0.0.1")
-                .port(nodes3[holder].pg_port)
-                .username("postgres")
-                .database("bench")
-                .connect()
-                .await
-                .ok()?;
-            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kv")
-                .fetch_one(&mut c)
-                .await
-                .ok()?;
-            (n == key as i64).then_some(())
-        })
+        eventually(
+            "the restarted node to catch up",
+            Duration::from_secs(60),
+            || async {
+                let mut c = PgConnectOptions::new()
+                    .host("127.0.0.1")
+                    .port(nodes3[holder].pg_port)
+                    .username("postgres")
+                    .database("bench")
+                    .connect()
+                    .await
+                    .ok()?;
+                let n: i64 = sqlx::query_scalar("SELECT count(*) FROM kv")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()?;
+                (n == key as i64).then_some(())
+            },
+        )
         .await;
         // Let the preferred leaseholder take the lease back before the next kill.
         tokio::time::sleep(Duration::from_secs(6)).await;

@@ -267,7 +267,8 @@ impl MrError {
     #[track_caller]
     pub fn report(&self, level: PgLogLevel) {
         if let MrError::Remote(e) = self {
-            let mut report = ErrorReport::new(sqlstate_of(&e.code), e.message.clone(), function_name!());
+            let mut report =
+                ErrorReport::new(sqlstate_of(&e.code), e.message.clone(), function_name!());
             if let Some(d) = &e.detail {
                 report = report.set_detail(d.clone());
             }

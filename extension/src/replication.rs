@@ -290,7 +290,9 @@ unsafe fn is_replicated(relid: pg_sys::Oid) -> bool {
 /// # Safety
 /// `qd` holds a planned statement whose relations are locked by the executor's caller.
 #[allow(unsafe_code)]
-pub unsafe fn statement_targets(qd: &pg_sys::QueryDesc) -> Vec<(mr_meta::TableRef, Option<String>)> {
+pub unsafe fn statement_targets(
+    qd: &pg_sys::QueryDesc,
+) -> Vec<(mr_meta::TableRef, Option<String>)> {
     let mut relids = Vec::new();
     // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
     // the query's life; each relation in it is locked by the executor's caller.

@@ -267,7 +267,8 @@ unsafe fn run_forwarded(
     if direction == pg_sys::ScanDirection::BackwardScanDirection {
         MrError::WriteNotServed {
             message: "a cursor over rows leased on another node cannot move backward".into(),
-            hint: "Fetch forward only, or declare the cursor WITH HOLD on a node with replicas.".into(),
+            hint: "Fetch forward only, or declare the cursor WITH HOLD on a node with replicas."
+                .into(),
         }
         .raise();
     }
@@ -328,8 +329,12 @@ unsafe fn run_forwarded(
                         match v {
                             Some(text) if !dropped => {
                                 let c = CString::new(text).unwrap_or_default();
-                                *(*slot).tts_values.add(i) =
-                                    pg_sys::OidInputFunctionCall(func, c.as_ptr() as *mut _, ioparam, typmod);
+                                *(*slot).tts_values.add(i) = pg_sys::OidInputFunctionCall(
+                                    func,
+                                    c.as_ptr() as *mut _,
+                                    ioparam,
+                                    typmod,
+                                );
                                 *(*slot).tts_isnull.add(i) = false;
                             }
                             _ => {
@@ -356,7 +361,8 @@ unsafe fn run_forwarded(
             }
             estate.es_processed = sent;
         } else {
-            estate.es_processed = FORWARDED.with(|f| f.borrow().get(&key).map_or(0, |x| x.processed));
+            estate.es_processed =
+                FORWARDED.with(|f| f.borrow().get(&key).map_or(0, |x| x.processed));
         }
     }
 }
@@ -448,7 +454,9 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
         } else {
             CStr::from_ptr(qd.sourceText).to_str().unwrap_or("")
         };
-        let start = usize::try_from(ps.stmt_location).unwrap_or(0).min(text.len());
+        let start = usize::try_from(ps.stmt_location)
+            .unwrap_or(0)
+            .min(text.len());
         let end = match usize::try_from(ps.stmt_len) {
             Ok(0) | Err(_) => text.len(),
             Ok(n) => (start + n).min(text.len()),
@@ -533,7 +541,10 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
             let c = CString::new(*name).expect("no NUL");
             let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
             if !v.is_null() {
-                settings.push((name.to_string(), CStr::from_ptr(v).to_string_lossy().into_owned()));
+                settings.push((
+                    name.to_string(),
+                    CStr::from_ptr(v).to_string_lossy().into_owned(),
+                ));
             }
         }
         Ok(ForwardBegin {
@@ -647,7 +658,13 @@ fn remote_exec(
     sql: &str,
     types: Vec<String>,
     vals: Vec<Option<String>>,
-) -> TableIterator<'static, (name!(processed, i64), name!(row, Option<Vec<Option<String>>>))> {
+) -> TableIterator<
+    'static,
+    (
+        name!(processed, i64),
+        name!(row, Option<Vec<Option<String>>>),
+    ),
+> {
     struct Serving {
         prev_region: Option<String>,
         user: Option<(pg_sys::Oid, i32)>,

@@ -90,6 +90,11 @@ async fn step(
             let at = load_cursor(c, g.range_id)
                 .await
                 .map_err(|e| e.to_string())?;
+            if !g.data_seen() {
+                let data = store::has_data_entries(db, g.range_id, at)
+                    .map_err(|e| format!("reading the log: {e}"))?;
+                g.saw_data(data);
+            }
             g.advance(at);
             *cursor = Some(at);
             at
@@ -101,7 +106,10 @@ async fn step(
     for e in entries {
         let index = e.log_id.index;
         let result = match &e.payload {
-            EntryPayload::Normal(w) => apply_txn(c, g.range_id, index, w).await,
+            EntryPayload::Normal(w) => {
+                g.saw_data(true);
+                apply_txn(c, g.range_id, index, w).await
+            }
             _ => advance(c, g.range_id, index).await,
         };
         result.map_err(|e| format!("applying entry {index}: {e}"))?;

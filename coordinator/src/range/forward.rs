@@ -112,7 +112,13 @@ impl Ranges {
     /// Runs one step of a transaction forwarded by node `origin` (leaseholder side).
     pub async fn serve_exec(&self, origin: u64, req: ForwardRequest) -> LocalResponse {
         let key = (origin, req.session.clone());
-        let existing = self.sessions.remote.lock().expect("sessions lock").get(&key).cloned();
+        let existing = self
+            .sessions
+            .remote
+            .lock()
+            .expect("sessions lock")
+            .get(&key)
+            .cloned();
         let remote = match (existing, &req.begin) {
             (Some(r), _) => r,
             (None, Some(begin)) => match self.begin_remote(origin, begin).await {
@@ -162,7 +168,11 @@ impl Ranges {
         let outcome = run_steps(conn, &remote, &req).await;
         let broken = matches!(&outcome, Err(Step::Broken(_)));
         if req.finish.is_some() || broken {
-            self.sessions.remote.lock().expect("sessions lock").remove(&key);
+            self.sessions
+                .remote
+                .lock()
+                .expect("sessions lock")
+                .remove(&key);
             let conn = guard.take();
             drop(guard);
             // A connection whose transaction ended cleanly serves the next one.
@@ -300,7 +310,10 @@ impl Ranges {
             });
             if let Some(addr) = addr {
                 let req = PeerRequest::ExecKeepalive { sessions };
-                let _ = self.transport.call(&addr, req, Duration::from_secs(5)).await;
+                let _ = self
+                    .transport
+                    .call(&addr, req, Duration::from_secs(5))
+                    .await;
             }
         }
         let now = Instant::now();
@@ -310,13 +323,20 @@ impl Ranges {
             // A busy session is running a statement its origin is waiting for.
             let keep = idle < IDLE_LIMIT || r.conn.try_lock().is_err();
             if !keep {
-                tracing::info!(origin, session, "rolled back a forwarded transaction whose origin went silent");
+                tracing::info!(
+                    origin,
+                    session,
+                    "rolled back a forwarded transaction whose origin went silent"
+                );
             }
             keep
         });
     }
 
-    pub(super) async fn run_session_upkeep(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+    pub(super) async fn run_session_upkeep(
+        self: Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
         let mut tick = tokio::time::interval(KEEPALIVE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -345,7 +365,11 @@ async fn run_steps(
 ) -> Result<Rows, Step> {
     for op in &req.savepoints {
         let sql = op.sql();
-        if let Err(e) = sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+        if let Err(e) = sqlx::query(&sql)
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+        {
             return Err(failed(remote, e));
         }
         if matches!(op, mr_wire::local::SavepointOp::RollbackTo(_)) {

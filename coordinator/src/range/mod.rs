@@ -83,6 +83,9 @@ pub struct Group {
     serving_since: AtomicU64,
     /// The leader term for which the fence was last set.
     fenced_term: AtomicU64,
+    /// Whether the log holds a transaction's rows at or below the applier's cursor. Until it
+    /// does, a fence hides nothing, so transactions that began before it may write.
+    data_seen: std::sync::atomic::AtomicBool,
     last_elect: Mutex<Option<Instant>>,
     stop: CancellationToken,
 }
@@ -92,14 +95,29 @@ impl Group {
         *self.applied.borrow()
     }
 
+    fn data_seen(&self) -> bool {
+        self.data_seen.load(Ordering::SeqCst)
+    }
+
+    /// The applier found a transaction's rows in the log (`true`).
+    fn saw_data(&self, seen: bool) {
+        if seen {
+            self.data_seen.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Records that the applier reached `index`, and lifts the fence once it is passed.
     fn advance(&self, index: u64) {
         self.applied.send_replace(index);
         if index >= self.fence.load(Ordering::SeqCst)
             && self.serving_since.load(Ordering::SeqCst) == NOT_SERVING
         {
-            self.serving_since
-                .store(crate::node::now_ms(), Ordering::SeqCst);
+            let since = if self.data_seen.load(Ordering::SeqCst) {
+                crate::node::now_ms()
+            } else {
+                0
+            };
+            self.serving_since.store(since, Ordering::SeqCst);
             tracing::info!(
                 range_id = self.range_id,
                 index,
@@ -314,6 +332,7 @@ impl Ranges {
             applied,
             fence: AtomicU64::new(0),
             serving_since: AtomicU64::new(NOT_SERVING),
+            data_seen: std::sync::atomic::AtomicBool::new(false),
             fenced_term: AtomicU64::new(0),
             last_elect: Mutex::new(None),
             stop: CancellationToken::new(),
@@ -498,7 +517,7 @@ impl Ranges {
             ranges,
             missing,
             ..
-        } = self.resolve(&database, &targets);
+        } = self.resolve_settled(&database, &targets).await;
         if !enabled {
             return Ok(None);
         }
@@ -525,7 +544,7 @@ impl Ranges {
         let not_here = |why: &str| {
             WriteError::Unsupported {
             message: format!("{why}: range {range_id} of table {} is leased by node {}", write_target(&targets), holder.map_or("(none yet)".into(), |h| h.to_string())),
-            hint: "Run the transaction on the leaseholder's node; routing statements to leaseholders is not built yet.".into(),
+            hint: "Retry the transaction: statements are routed to the leaseholder, which may have just moved; COPY and TRUNCATE run only on the leaseholder's node.".into(),
         }
         };
         let Some(g) = self.group(range_id) else {
@@ -551,7 +570,12 @@ impl Ranges {
         if g.leading().is_none() {
             return Err(not_here("this node is no longer the leaseholder"));
         }
-        let since = g.serving_since.load(Ordering::SeqCst);
+        // A new leader serves once its applier passes the fence: usually within milliseconds.
+        let mut since = g.serving_since.load(Ordering::SeqCst);
+        while since == NOT_SERVING && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            since = g.serving_since.load(Ordering::SeqCst);
+        }
         if since == NOT_SERVING || since > txn_start_ms {
             return Err(WriteError::Retryable(format!(
                 "range {range_id} changed leaseholder or has a write of unknown outcome since this transaction began; its reads may miss committed writes"
@@ -592,6 +616,31 @@ impl Ranges {
                 Some("true" | "on" | "1")
             )
         })
+    }
+
+    /// [`Self::resolve`], waiting (up to [`WRITE_TIMEOUT`]) while a replicated table's range
+    /// is not created yet or has no leaseholder: the meta leader creates a new table's ranges
+    /// within a second, and their first election follows.
+    async fn resolve_settled(
+        &self,
+        database: &str,
+        targets: &[(TableRef, Option<String>)],
+    ) -> Resolved {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        loop {
+            let r = self.resolve(database, targets);
+            let unsettled = !r.missing.is_empty()
+                || r.ranges.iter().any(|&(id, h)| {
+                    h.is_none()
+                        && self
+                            .group(id)
+                            .is_none_or(|g| g.raft.metrics().borrow().current_leader.is_none())
+                });
+            if !r.enabled || !unsettled || Instant::now() >= deadline {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The ranges that hold `targets` (table, REGIONAL BY ROW partition; a partition of a table
@@ -723,7 +772,7 @@ impl Ranges {
             ranges,
             expanded,
             ..
-        } = self.resolve(database, targets);
+        } = self.resolve_settled(database, targets).await;
         if !enabled || ranges.is_empty() {
             return Ok((enabled, None));
         }
@@ -733,8 +782,7 @@ impl Ranges {
             Some(g) => g.raft.metrics().borrow().current_leader.or(recorded),
             None => recorded,
         };
-        let holders: BTreeSet<Option<u64>> =
-            ranges.iter().map(|&(r, h)| holder(r, h)).collect();
+        let holders: BTreeSet<Option<u64>> = ranges.iter().map(|&(r, h)| holder(r, h)).collect();
         let one_holder = match holders.iter().collect::<Vec<_>>().as_slice() {
             [Some(h)] => Some(*h),
             _ => None,

@@ -97,6 +97,20 @@ pub fn read_entries(
     Ok(out)
 }
 
+/// Whether `range`'s log holds a transaction's rows at or below `to` (stops at the first).
+pub fn has_data_entries(db: &Database, range: u64, to: u64) -> Result<bool, redb::Error> {
+    let tx = db.begin_read()?;
+    let t = tx.open_table(LOG)?;
+    for kv in t.range((range, 0)..=(range, to))? {
+        let (_, v) = kv?;
+        let e: Entry<RangeConfig> = serde_json::from_slice(v.value()).expect("log entries decode");
+        if matches!(e.payload, openraft::EntryPayload::Normal(_)) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Forgets everything stored for `range` (this node no longer holds a replica of it).
 pub fn remove_range(db: &Database, range: u64) -> Result<(), redb::Error> {
     let tx = db.begin_write()?;

@@ -271,7 +271,9 @@ mod prepared_tests {
             Some("SELECT * FROM t WHERE id = $1 FOR UPDATE")
         );
         assert_eq!(
-            prepared_statement("prepare \"Q\" (numeric(10, 2), text[]) as\n  INSERT INTO t VALUES ($1, $2)"),
+            prepared_statement(
+                "prepare \"Q\" (numeric(10, 2), text[]) as\n  INSERT INTO t VALUES ($1, $2)"
+            ),
             Some("INSERT INTO t VALUES ($1, $2)")
         );
         assert_eq!(

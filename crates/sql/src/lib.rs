@@ -19,8 +19,8 @@ mod star;
 mod translate;
 
 pub use ast::*;
-pub use parse::parse;
 pub use lex::prepared_statement;
+pub use parse::parse;
 pub use star::is_star_reference;
 pub use translate::{
     ident, literal, show_columns, translate, translate_one, txn_effects, Column, Outcome, Present,
