@@ -620,9 +620,9 @@ enum RegOp {
 
 #[derive(Clone, Debug, PartialEq)]
 enum RegRet {
-    ReadOk(i64),
-    WriteOk,
-    CasOk(bool),
+    Read(i64),
+    Written,
+    Swapped(bool),
 }
 
 impl consistency_model::SequentialSpec for CasRegister {
@@ -630,17 +630,17 @@ impl consistency_model::SequentialSpec for CasRegister {
     type Ret = RegRet;
     fn invoke(&mut self, op: &RegOp) -> RegRet {
         match *op {
-            RegOp::Read => RegRet::ReadOk(self.0),
+            RegOp::Read => RegRet::Read(self.0),
             RegOp::Write(v) => {
                 self.0 = v;
-                RegRet::WriteOk
+                RegRet::Written
             }
             RegOp::Cas(old, new) => {
                 let ok = self.0 == old;
                 if ok {
                     self.0 = new;
                 }
-                RegRet::CasOk(ok)
+                RegRet::Swapped(ok)
             }
         }
     }
@@ -702,24 +702,24 @@ async fn register_client(
             RegOp::Read => sqlx::query_scalar("SELECT v FROM register WHERE k = 1")
                 .fetch_one(&mut *c)
                 .await
-                .map(RegRet::ReadOk),
+                .map(RegRet::Read),
             RegOp::Write(v) => sqlx::query("UPDATE register SET v = $1 WHERE k = 1")
                 .bind(v)
                 .execute(&mut *c)
                 .await
-                .map(|_| RegRet::WriteOk),
+                .map(|_| RegRet::Written),
             RegOp::Cas(old, new) => {
                 sqlx::query("UPDATE register SET v = $2 WHERE k = 1 AND v = $1")
                     .bind(old)
                     .bind(new)
                     .execute(&mut *c)
                     .await
-                    .map(|r| RegRet::CasOk(r.rows_affected() == 1))
+                    .map(|r| RegRet::Swapped(r.rows_affected() == 1))
             }
         };
         match result {
             Ok(ret) => {
-                if let RegRet::ReadOk(v) = ret {
+                if let RegRet::Read(v) = ret {
                     last_read = v;
                 }
                 record(Event::Return(thread, ret));

@@ -463,9 +463,9 @@ fn pre_commit() -> Result<(), MrError> {
     let mut first = true;
     for c in &changes {
         let key = c.relid.to_u32();
-        if !targets.contains_key(&key) {
+        if let std::collections::btree_map::Entry::Vacant(e) = targets.entry(key) {
             if let Some(t) = target(c.relid) {
-                targets.insert(key, t);
+                e.insert(t);
             }
         }
         let Some(t) = targets.get(&key) else {

@@ -380,7 +380,7 @@ pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
 unsafe fn forward_statement(
     qd: &mut pg_sys::QueryDesc,
     node: u64,
-) -> Result<(u64, Vec<Vec<Option<String>>>), MrError> {
+) -> Result<sidecar::ForwardedRows, MrError> {
     // SAFETY: as this function's contract.
     let statement = unsafe { statement_of(qd) };
     let depth = RUN_DEPTH.with(Cell::get);

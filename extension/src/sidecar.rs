@@ -124,6 +124,9 @@ pub fn route(
     }
 }
 
+/// A forwarded step's result: rows processed, and the rows returned as text.
+pub type ForwardedRows = (u64, Vec<Vec<Option<String>>>);
+
 /// Longest wait for one forwarded step (pgmr's own bound is 600 s).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
 
@@ -133,7 +136,7 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
 pub fn forward(
     node_id: u64,
     request: mr_wire::local::ForwardRequest,
-) -> Result<(u64, Vec<Vec<Option<String>>>), MrError> {
+) -> Result<ForwardedRows, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     let commits = request.finish == Some(mr_wire::local::Finish::Commit);
     let req = LocalRequest::Forward { node_id, request };

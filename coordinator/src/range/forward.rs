@@ -356,7 +356,10 @@ enum Step {
     Broken(SqlError),
 }
 
-type Rows = (u64, Vec<Vec<Option<String>>>);
+/// A row as text, as `remote_exec` returns it.
+type TextRow = Vec<Option<String>>;
+/// Rows processed, and the rows returned.
+type Rows = (u64, Vec<TextRow>);
 
 async fn run_steps(
     conn: &mut PgConnection,
@@ -394,7 +397,7 @@ async fn run_steps(
             Err(e) => return Err(failed(remote, e)),
         };
         for r in rows {
-            let decoded: Result<(i64, Option<Vec<Option<String>>>), sqlx::Error> =
+            let decoded: Result<(i64, Option<TextRow>), sqlx::Error> =
                 r.try_get(0).and_then(|p| Ok((p, r.try_get(1)?)));
             match decoded {
                 Ok((processed, row)) => {

@@ -28,6 +28,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
+/// The state machine's applied log id and membership, as stored.
+type AppliedState = (Option<LogId<u64>>, StoredMembership<u64, RangeNode>);
+
 const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("range_log");
 const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_meta");
 const VOTE: &str = "vote";
@@ -270,8 +273,7 @@ pub struct StateMachine {
 
 impl StateMachine {
     pub fn open(db: Arc<Database>, range: u64) -> anyhow::Result<StateMachine> {
-        let stored: Option<(Option<LogId<u64>>, StoredMembership<u64, RangeNode>)> =
-            get(&db, range, APPLIED)?;
+        let stored: Option<AppliedState> = get(&db, range, APPLIED)?;
         let (last, membership) = stored.unwrap_or_default();
         let (committed, _) = watch::channel(last.map_or(0, |l| l.index));
         Ok(StateMachine {
