@@ -833,3 +833,78 @@ async fn a_register_used_through_every_node_under_a_leaseholder_kill_is_lineariz
     converged(&nodes, &[0, 1, 2]).await;
     check_consistency(&nodes[0]);
 }
+
+/// The leaseholder's pgmr paused (SIGSTOP) while a client writes through another node: the
+/// lease moves to another voter and the writes resume there (a forwarded statement does not
+/// wait on a node that stopped heartbeating); nothing acknowledged is lost, and once resumed
+/// the old leaseholder steps down and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leaseholder_loses_its_lease_and_catches_up_when_resumed() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let dir = scratch("data-sigstop");
+    let nodes = start_cluster(dir.path(), 36, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let first = bank(&nodes).await as usize - 1;
+    let via = (first + 1) % 3;
+    let mut c = connect(&nodes[via], "bank").await.unwrap();
+    let mut acked = BTreeSet::new();
+    let mut paused_at = None;
+    let mut resumed_after = None;
+    let pid = Pid::from_raw(nodes[first].child.id() as i32);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut id = 0i32;
+    while acked.len() < 60 {
+        assert!(
+            Instant::now() < deadline,
+            "writes did not resume: {acked:?}"
+        );
+        if id == 20 && paused_at.is_none() {
+            stop_process(pid).await;
+            paused_at = Some(Instant::now());
+        }
+        let r = sqlx::query("INSERT INTO accounts VALUES ($1, $1, 'w')")
+            .bind(id + 1)
+            .execute(&mut c)
+            .await;
+        match r {
+            Ok(_) => {
+                acked.insert(id + 1);
+                if let (Some(at), None) = (paused_at, resumed_after) {
+                    resumed_after = Some(at.elapsed());
+                }
+                id += 1;
+            }
+            // An earlier attempt of this id committed after all.
+            Err(e) if code(&e) == "23505" => {
+                acked.insert(id + 1);
+                id += 1;
+            }
+            Err(e) => {
+                let c = code(&e);
+                assert!(
+                    ["40001", "40003", "0A000"].contains(&c.as_str()),
+                    "unexpected error while the leaseholder is paused: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    kill(pid, Signal::SIGCONT).unwrap();
+    let resumed_after = resumed_after.expect("writes resumed while the leaseholder was paused");
+    assert!(
+        resumed_after < Duration::from_secs(20),
+        "writes took {resumed_after:?} to resume"
+    );
+    let (count, _) = converged(&nodes, &[0, 1, 2]).await;
+    assert_eq!(
+        count as usize,
+        acked.len(),
+        "every acknowledged write, once"
+    );
+    let holder = leaseholder(&nodes, None).await;
+    eprintln!(
+        "sigstop: writes resumed {resumed_after:?} after pausing node {}; lease now on node {holder}",
+        first + 1
+    );
+    check_consistency(&nodes[0]);
+}

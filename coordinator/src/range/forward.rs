@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 const APPLICATION_NAME: &str = "pgmr forwarded transaction";
 /// A remote session without a keepalive from its origin for this long is rolled back.
-const IDLE_LIMIT: Duration = Duration::from_secs(60);
+const IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// How often the origin checks its backends and sends keepalives.
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 /// Idle connections kept per database for the next forwarded transaction.
@@ -80,10 +80,32 @@ impl Ranges {
                 .expect("sessions lock")
                 .insert(session.clone(), (node_id, pid));
         }
-        let result = self
+        // A statement may run for minutes, but not on a node that stopped heartbeating (paused,
+        // cut off, or dead): then the wait ends as a lost connection would.
+        let call = self
             .transport
-            .call(&addr, PeerRequest::Exec(req), STEP_TIMEOUT)
-            .await;
+            .call(&addr, PeerRequest::Exec(req), STEP_TIMEOUT);
+        let silent = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let now = crate::node::now_ms();
+                let live = self.meta.read(|s| {
+                    s.nodes()
+                        .find(|n| n.node_id == node_id)
+                        .is_some_and(|n| n.status(now) == mr_meta::NodeStatus::Live)
+                });
+                if !live {
+                    return;
+                }
+            }
+        };
+        let result = tokio::select! {
+            r = call => r,
+            _ = silent => Err(crate::net::RpcError::Closed {
+                addr: addr.clone(),
+                reason: format!("node {node_id} stopped heartbeating"),
+            }),
+        };
         if ends {
             self.sessions
                 .origin
@@ -100,13 +122,44 @@ impl Ranges {
             },
             Ok(other) => LocalResponse::error(format!("node {node_id} answered {other:?}")),
             // A lost answer to a commit leaves its outcome unknown; any other step's
-            // transaction is rolled back (the origin aborts, and the session ends).
-            Err(e) => LocalResponse::Error {
-                message: format!("lost the connection to node {node_id}: {e}"),
-                retryable: !commits,
-                ambiguous: commits,
-            },
+            // transaction is rolled back (the origin aborts). Either way the session must not
+            // hold its locks until it times out: a rollback follows, until the node answers.
+            Err(e) => {
+                self.roll_back_later(addr, session, pid);
+                LocalResponse::Error {
+                    message: format!("lost the connection to node {node_id}: {e}"),
+                    retryable: !commits,
+                    ambiguous: commits,
+                }
+            }
         }
+    }
+
+    /// Rolls back `session` on the node at `addr` in the background, retrying every second
+    /// while the node does not answer (it may be paused or cut off), for as long as it would
+    /// keep the session anyway. A commit already under way there wins: the rollback then finds
+    /// no session.
+    fn roll_back_later(&self, addr: String, session: String, backend_pid: i32) {
+        let transport = self.transport.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + IDLE_LIMIT * 2;
+            while Instant::now() < until {
+                let req = PeerRequest::Exec(ForwardRequest {
+                    session: session.clone(),
+                    backend_pid,
+                    begin: None,
+                    savepoints: Vec::new(),
+                    statement: None,
+                    finish: Some(Finish::Rollback),
+                });
+                if let Ok(PeerResponse::Exec { .. }) =
+                    transport.call(&addr, req, Duration::from_secs(2)).await
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
     }
 
     /// Runs one step of a transaction forwarded by node `origin` (leaseholder side).
