@@ -100,6 +100,16 @@ SELECT crdb_internal.increment_feature_counter('sqlalchemy-cockroachdb 1.4.6');
 SELECT crdb_internal.is_admin(), crdb_internal.locality_value('region'),
        crdb_internal.locality_value('zone'), crdb_internal.node_id() > 0 AS has_node_id;
 
+-- SHOW RANGES: one range per region partition of a REGIONAL BY ROW table (the meta leader
+-- creates them within a second or so; the leaseholder is whoever won the election).
+DO $$ BEGIN FOR i IN 1..100 LOOP
+  EXIT WHEN (SELECT count(*) FROM multiregion.ranges WHERE database_name = 'gw' AND table_name = 'stores') >= 3;
+  PERFORM pg_catalog.pg_sleep(0.1);
+END LOOP; END $$;
+SELECT table_name, partition, cardinality(voting_replicas) AS voters
+  FROM [SHOW RANGES FROM TABLE stores] ORDER BY partition;
+SHOW RANGES FROM TABLE nosuch;
+
 -- psql's own meta-commands run PostgreSQL's catalog queries, untouched.
 \dt
 \d settings

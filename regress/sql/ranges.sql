@@ -42,6 +42,14 @@ SELECT bool_and(generation >= 1) AS generations FROM multiregion.ranges;
 SELECT attname FROM pg_catalog.pg_attribute
  WHERE attrelid = 'multiregion.ranges'::regclass AND attnum > 0 ORDER BY attnum;
 
+-- SHOW RANGES through execute(): the current database, one table, another database.
+SELECT e->>'table_name' AS table_name, e->>'partition' AS partition
+  FROM multiregion.execute('SHOW RANGES FROM TABLE users') e ORDER BY 2;
+SELECT count(*) = (SELECT count(*) FROM pg_temp.my_ranges) AS all_ranges
+  FROM multiregion.execute('SHOW RANGES') e;
+SELECT count(*) AS none FROM multiregion.execute('SHOW RANGES FROM DATABASE nosuch');
+SELECT * FROM multiregion.execute('SHOW RANGES FROM TABLE nosuch');
+
 -- Surviving a region failure: voters in every region.
 SELECT multiregion.execute('ALTER DATABASE regress_ranges SURVIVE REGION FAILURE');
 SELECT pg_temp.await($$SELECT bool_and(cardinality(voting_replicas) = 3) FROM pg_temp.my_ranges

@@ -114,6 +114,17 @@ pub enum Statement {
     ShowTables {
         from: Option<ObjectName>,
     },
+    /// `SHOW RANGES [FROM TABLE t | FROM DATABASE d]`: the ranges of the current database,
+    /// one table, or a database.
+    ShowRanges(RangesFrom),
+}
+
+/// What `SHOW RANGES` lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RangesFrom {
+    CurrentDatabase,
+    Database(String),
+    Table(ObjectName),
 }
 
 impl Statement {
@@ -141,6 +152,7 @@ impl Statement {
             Statement::ShowZoneConfigurations => "SHOW ZONE CONFIGURATIONS",
             Statement::ShowLocality => "SHOW LOCALITY",
             Statement::ShowTables { .. } => "SHOW TABLES",
+            Statement::ShowRanges(_) => "SHOW RANGES",
         }
     }
 }

@@ -548,6 +548,20 @@ impl<'a> Parser<'a> {
                 self.pos += 1;
                 Statement::ShowLocality
             }
+            Some("ranges") => {
+                self.pos += 1;
+                let from = if self.eat("from") {
+                    if self.eat("table") {
+                        RangesFrom::Table(self.object_name()?)
+                    } else {
+                        self.expect("database")?;
+                        RangesFrom::Database(self.ident()?)
+                    }
+                } else {
+                    RangesFrom::CurrentDatabase
+                };
+                Statement::ShowRanges(from)
+            }
             Some("tables") => {
                 self.pos += 1;
                 let from = if self.eat("from") {

@@ -647,6 +647,19 @@ pub fn show_columns(stmt: &Statement) -> Option<&'static [(&'static str, &'stati
             &[("target", "text"), ("raw_config_sql", "text")]
         }
         Statement::ShowLocality => &[("locality", "text")],
+        Statement::ShowRanges(_) => &[
+            ("range_id", "bigint"),
+            ("database_name", "text"),
+            ("schema_name", "text"),
+            ("table_name", "text"),
+            ("partition", "text"),
+            ("lease_holder", "bigint"),
+            ("lease_holder_region", "text"),
+            ("voting_replicas", "bigint[]"),
+            ("non_voting_replicas", "bigint[]"),
+            ("replica_regions", "text[]"),
+            ("generation", "bigint"),
+        ],
         Statement::ShowTables { .. } => &[
             ("schema_name", "text"),
             ("table_name", "text"),

@@ -301,6 +301,19 @@ fn every_show_form() {
             from: Some(name(&["movr"]))
         }
     );
+    assert_eq!(
+        ok("SHOW RANGES"),
+        Statement::ShowRanges(RangesFrom::CurrentDatabase)
+    );
+    assert_eq!(
+        ok("show ranges from table public.\"Users\""),
+        Statement::ShowRanges(RangesFrom::Table(name(&["public", "Users"])))
+    );
+    assert_eq!(
+        ok("SHOW RANGES FROM DATABASE movr;"),
+        Statement::ShowRanges(RangesFrom::Database("movr".into()))
+    );
+    assert!(parse("SHOW RANGES FROM INDEX t@i").is_err());
     // PostgreSQL's SHOW is PostgreSQL's.
     assert_eq!(parse("SHOW search_path"), Ok(None));
     assert_eq!(parse("SELECT 1"), Ok(None));

@@ -5,7 +5,7 @@ use super::catalog;
 use super::spi;
 use crate::error::{MrError, OrRaise};
 use mr_meta::TableLocality;
-use mr_sql::{ShowRegions, Statement, ZoneTarget};
+use mr_sql::{RangesFrom, ShowRegions, Statement, ZoneTarget};
 use mr_zoneconfig::{zone_config, Target};
 use pgrx::prelude::*;
 
@@ -220,6 +220,33 @@ pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
                 vec![schema.into()],
             )
         }
+        Statement::ShowRanges(from) => match from {
+            RangesFrom::CurrentDatabase => json_rows(
+                "SELECT * FROM multiregion.ranges \
+                 WHERE database_name = pg_catalog.current_database()",
+                vec![],
+            ),
+            RangesFrom::Database(d) => json_rows(
+                "SELECT * FROM multiregion.ranges WHERE database_name = $1",
+                vec![d.clone().into()],
+            ),
+            RangesFrom::Table(t) => {
+                let name =
+                    t.0.iter()
+                        .map(|p| spi::ident(p))
+                        .collect::<Vec<_>>()
+                        .join(".");
+                json_rows(
+                    "SELECT r.* FROM multiregion.ranges r, pg_catalog.pg_class c \
+                     JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE c.oid = $1::text::regclass \
+                       AND r.database_name = pg_catalog.current_database() \
+                       AND r.schema_name = n.nspname AND r.table_name = c.relname \
+                     ORDER BY r.range_id",
+                    vec![name.into()],
+                )
+            }
+        },
         other => unreachable!("not a SHOW statement: {other:?}"),
     })
 }
