@@ -164,9 +164,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             .raise();
         }
     };
-    if let Some(node) = REMOTE.with(|r| r.borrow().as_ref().map(|r| r.node)) {
-        refuse_dynamic(node);
-        // Pinned: the transaction's reads and writes go where its writes went.
+    let forward_to = |node: u64| {
         FORWARDED.with(|f| {
             f.borrow_mut().insert(
                 key,
@@ -177,6 +175,11 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 },
             )
         });
+    };
+    if let Some(node) = REMOTE.with(|r| r.borrow().as_ref().map(|r| r.node)) {
+        refuse_dynamic(node);
+        // Pinned: the transaction's reads and writes go where its writes went.
+        forward_to(node);
         return;
     }
     match sidecar::route(database(), targets, write) {
@@ -206,16 +209,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 }
                 .raise();
             }
-            FORWARDED.with(|f| {
-                f.borrow_mut().insert(
-                    key,
-                    Forwarded {
-                        node,
-                        rows: None,
-                        processed: 0,
-                    },
-                )
-            });
+            forward_to(node);
         }
         Err(e) => e.raise(),
     }

@@ -66,21 +66,28 @@ pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
             Ok(Replication::Replicated { range_id, index })
         }
         LocalResponse::NotReplicated => Ok(Replication::Off),
-        LocalResponse::Unsupported { message, hint } => {
-            Err(MrError::WriteNotServed { message, hint })
-        }
+        other => Err(write_error("replicate_txn", other)),
+    }
+}
+
+/// The error a data-plane response stands for: not servable here (0A000), a failure with
+/// pgmr's retry/ambiguity flags, or PostgreSQL's own error from another node.
+fn write_error(request: &'static str, response: LocalResponse) -> MrError {
+    match response {
+        LocalResponse::SqlError(e) => MrError::Remote(e),
+        LocalResponse::Unsupported { message, hint } => MrError::WriteNotServed { message, hint },
         LocalResponse::Error {
             message,
             ambiguous: true,
             ..
-        } => Err(MrError::Ambiguous(message)),
+        } => MrError::Ambiguous(message),
         LocalResponse::Error {
             message,
             retryable: true,
             ..
-        } => Err(MrError::Retryable(message)),
-        LocalResponse::Error { message, .. } => Err(MrError::Sidecar(message)),
-        other => Err(unexpected("replicate_txn", &other)),
+        } => MrError::Retryable(message),
+        LocalResponse::Error { message, .. } => MrError::Sidecar(message),
+        other => unexpected(request, &other),
     }
 }
 
@@ -93,10 +100,7 @@ pub fn read_barrier(
     let req = LocalRequest::ReadBarrier { database, targets };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::ReadBarrier { enabled } => Ok(enabled),
-        LocalResponse::Unsupported { message, hint } => {
-            Err(MrError::WriteNotServed { message, hint })
-        }
-        other => Err(unexpected("read_barrier", &other)),
+        other => Err(write_error("read_barrier", other)),
     }
 }
 
@@ -117,10 +121,7 @@ pub fn route(
             enabled,
             forward_to,
         } => Ok((enabled, forward_to)),
-        LocalResponse::Unsupported { message, hint } => {
-            Err(MrError::WriteNotServed { message, hint })
-        }
-        other => Err(unexpected("route", &other)),
+        other => Err(write_error("route", other)),
     }
 }
 
@@ -148,22 +149,7 @@ pub fn forward(
     };
     match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
         LocalResponse::Forwarded { processed, rows } => Ok((processed, rows)),
-        LocalResponse::SqlError(e) => Err(MrError::Remote(e)),
-        LocalResponse::Unsupported { message, hint } => {
-            Err(MrError::WriteNotServed { message, hint })
-        }
-        LocalResponse::Error {
-            message,
-            ambiguous: true,
-            ..
-        } => Err(MrError::Ambiguous(message)),
-        LocalResponse::Error {
-            message,
-            retryable: true,
-            ..
-        } => Err(MrError::Retryable(message)),
-        LocalResponse::Error { message, .. } => Err(MrError::Sidecar(message)),
-        other => Err(unexpected("forward", &other)),
+        other => Err(write_error("forward", other)),
     }
 }
 

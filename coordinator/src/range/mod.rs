@@ -787,6 +787,13 @@ impl Ranges {
             [Some(h)] => Some(*h),
             _ => None,
         };
+        // The ranges a statement reads, and so waits for: all but the partitions an INSERT
+        // merely routes rows into.
+        let read: Vec<(u64, Option<u64>)> = ranges
+            .iter()
+            .filter(|(r, _)| !expanded.contains(r))
+            .copied()
+            .collect();
         if write {
             match one_holder {
                 Some(h) if h != self.me => return Ok((true, Some(h))),
@@ -810,20 +817,10 @@ impl Ranges {
                     hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition; statements over several leaseholders need two-phase commit, which is not built yet.".into(),
                 });
             }
-            let read: Vec<(u64, Option<u64>)> = ranges
-                .iter()
-                .filter(|(r, _)| !expanded.contains(r))
-                .copied()
-                .collect();
             self.barrier(read).await?;
             return Ok((true, None));
         }
         if ranges.iter().all(|&(r, _)| self.group(r).is_some()) {
-            let read: Vec<(u64, Option<u64>)> = ranges
-                .iter()
-                .filter(|(r, _)| !expanded.contains(r))
-                .copied()
-                .collect();
             self.barrier(read).await?;
             return Ok((true, None));
         }
