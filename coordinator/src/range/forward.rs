@@ -60,6 +60,8 @@ impl Ranges {
     /// Sends one step of a forwarded transaction to `node_id` (origin side).
     pub async fn forward(&self, node_id: u64, req: ForwardRequest) -> LocalResponse {
         let commits = req.finish == Some(Finish::Commit);
+        let rollback_only =
+            req.finish == Some(Finish::Rollback) && req.statement.is_none() && req.begin.is_none();
         let Some(addr) = self.meta.read(|s| {
             s.nodes()
                 .find(|n| n.node_id == node_id)
@@ -72,6 +74,20 @@ impl Ranges {
             };
         };
         let (session, pid) = (req.session.clone(), req.backend_pid);
+        if rollback_only {
+            // Nobody waits on a rollback's outcome (an aborting backend least of all): it is
+            // sent in the background, and again until the node answers.
+            self.sessions
+                .origin
+                .lock()
+                .expect("sessions lock")
+                .remove(&session);
+            self.roll_back_later(addr, session, pid);
+            return LocalResponse::Forwarded {
+                processed: 0,
+                rows: Vec::new(),
+            };
+        }
         let ends = req.finish.is_some();
         if !ends {
             self.sessions
@@ -135,10 +151,10 @@ impl Ranges {
         }
     }
 
-    /// Rolls back `session` on the node at `addr` in the background, retrying every second
-    /// while the node does not answer (it may be paused or cut off), for as long as it would
-    /// keep the session anyway. A commit already under way there wins: the rollback then finds
-    /// no session.
+    /// Rolls back `session` on the node at `addr` in the background, at once and then every
+    /// second while the node does not answer (it may be paused or cut off), for as long as it
+    /// would keep the session anyway. A commit already under way there wins: the rollback then
+    /// finds no session.
     fn roll_back_later(&self, addr: String, session: String, backend_pid: i32) {
         let transport = self.transport.clone();
         tokio::spawn(async move {
@@ -219,7 +235,11 @@ impl Ranges {
             return LocalResponse::SqlError(gone(self.me));
         };
         let outcome = run_steps(conn, &remote, &req).await;
-        let broken = matches!(&outcome, Err(Step::Broken(_)));
+        let mut broken = matches!(&outcome, Err(Step::Broken(_)));
+        if req.finish.is_some() && matches!(&outcome, Err(Step::Sql(_))) {
+            // A step failed before the finish ran: the transaction is still open there.
+            broken |= sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err();
+        }
         if req.finish.is_some() || broken {
             self.sessions
                 .remote
