@@ -674,7 +674,12 @@ impl Node {
                 database,
                 targets,
                 write,
-            } => match self.ranges().route(&database, &targets, write).await {
+                modifies,
+            } => match self
+                .ranges()
+                .route(&database, &targets, write, modifies)
+                .await
+            {
                 Ok((enabled, forward_to)) => LocalResponse::Route {
                     enabled,
                     forward_to,

@@ -151,7 +151,10 @@ unsafe extern "C-unwind" fn executor_run(
     unsafe {
         crate::routing::executor_run(query_desc, direction, count, || {
             match PREV_EXECUTOR_RUN.get() {
-                Some(Some(prev)) => prev(query_desc, direction, count, execute_once),
+                // Guarded: an ERROR inside unwinds through our frames (the depth guard).
+                Some(Some(prev)) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    prev(query_desc, direction, count, execute_once)
+                }),
                 _ => pg_sys::standard_ExecutorRun(query_desc, direction, count, execute_once),
             }
         });

@@ -110,11 +110,13 @@ pub fn route(
     database: String,
     targets: Vec<(mr_meta::TableRef, Option<String>)>,
     write: bool,
+    modifies: bool,
 ) -> Result<(bool, Option<u64>), MrError> {
     let req = LocalRequest::Route {
         database,
         targets,
         write,
+        modifies,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {

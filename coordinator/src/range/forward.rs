@@ -41,6 +41,9 @@ pub struct Sessions {
     origin: Mutex<HashMap<String, (u64, i32)>>,
     /// Idle connections by database.
     pool: Mutex<HashMap<String, Vec<PgConnection>>>,
+    /// Sessions rolled back here, and when: a step that arrives late (from a node that was
+    /// paused) must not begin them again and take locks nobody will release.
+    ended: Mutex<HashMap<(u64, String), Instant>>,
 }
 
 struct Remote {
@@ -181,6 +184,21 @@ impl Ranges {
     /// Runs one step of a transaction forwarded by node `origin` (leaseholder side).
     pub async fn serve_exec(&self, origin: u64, req: ForwardRequest) -> LocalResponse {
         let key = (origin, req.session.clone());
+        if req.finish == Some(Finish::Rollback) {
+            self.sessions
+                .ended
+                .lock()
+                .expect("sessions lock")
+                .insert(key.clone(), Instant::now());
+        } else if self
+            .sessions
+            .ended
+            .lock()
+            .expect("sessions lock")
+            .contains_key(&key)
+        {
+            return LocalResponse::SqlError(gone(self.me));
+        }
         let existing = self
             .sessions
             .remote
@@ -248,9 +266,13 @@ impl Ranges {
                 .remove(&key);
             let conn = guard.take();
             drop(guard);
-            // A connection whose transaction ended cleanly serves the next one.
-            if let (Some(conn), false) = (conn, broken) {
-                self.put_back(&remote.database, conn);
+            // A connection whose transaction ended cleanly serves the next one, once the
+            // session state a statement may have left (settings, advisory locks, temporary
+            // tables) is reset.
+            if let (Some(mut conn), false) = (conn, broken) {
+                if reset_session(&mut conn).await.is_ok() {
+                    self.put_back(&remote.database, conn);
+                }
             }
         }
         match outcome {
@@ -390,6 +412,11 @@ impl Ranges {
             }
         }
         let now = Instant::now();
+        self.sessions
+            .ended
+            .lock()
+            .expect("sessions lock")
+            .retain(|_, at| now.duration_since(*at) < IDLE_LIMIT * 4);
         let mut remote = self.sessions.remote.lock().expect("sessions lock");
         remote.retain(|(origin, session), r| {
             let idle = now.duration_since(*r.last_seen.lock().expect("session lock"));
@@ -524,6 +551,19 @@ fn failed(remote: &Remote, e: sqlx::Error) -> Step {
         }
         other => Step::Broken(sql_error(&other)),
     }
+}
+
+/// Resets what a statement may have changed beyond its transaction. (Not DISCARD ALL: it
+/// would drop the prepared statements sqlx caches on the connection.)
+async fn reset_session(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    for sql in [
+        "RESET ALL",
+        "SELECT pg_catalog.pg_advisory_unlock_all()",
+        "DISCARD TEMP",
+    ] {
+        sqlx::query(sql).execute(&mut *conn).await?;
+    }
+    Ok(())
 }
 
 async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {

@@ -766,6 +766,7 @@ impl Ranges {
         database: &str,
         targets: &[(TableRef, Option<String>)],
         write: bool,
+        modifies: bool,
     ) -> Result<(bool, Option<u64>), WriteError> {
         let Resolved {
             enabled,
@@ -797,7 +798,14 @@ impl Ranges {
         if write {
             match one_holder {
                 Some(h) if h != self.me => return Ok((true, Some(h))),
-                Some(_) => return Ok((true, None)),
+                // A change is checked against the range's fence when it commits; a statement
+                // that only reads (a locking or REPEATABLE READ/SERIALIZABLE read) must not
+                // read a deposed or not yet serving leader's rows.
+                Some(_) if modifies => return Ok((true, None)),
+                Some(_) => {
+                    self.barrier(read).await?;
+                    return Ok((true, None));
+                }
                 None => {}
             }
             // Leased on several nodes: the statement runs here, and its commit is refused if

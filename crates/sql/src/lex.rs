@@ -225,13 +225,32 @@ fn quoted(sql: &str, i: usize, q: u8) -> Result<(String, usize), SyntaxError> {
     }
 }
 
-/// The statement a `PREPARE name [(types)] AS statement` prepares, as text; `None` when `sql`
-/// is not a PREPARE. PostgreSQL gives an EXECUTE's query the whole PREPARE as its text, and a
-/// statement forwarded to another node must be the inner one.
+/// The statement a `PREPARE name [(types)] AS statement` prepares or a `DECLARE name …
+/// CURSOR … FOR statement` runs, as text; `None` for any other statement. PostgreSQL gives an
+/// EXECUTE's or a cursor's query the whole PREPARE or DECLARE as its text, and a statement
+/// forwarded to another node must be the inner one.
 pub fn prepared_statement(sql: &str) -> Option<&str> {
     let toks = lex(sql).ok()?;
     let mut it = toks.iter().peekable();
-    if it.next()?.word()? != "prepare" {
+    let first = it.next()?.word()?;
+    if first == "declare" {
+        // DECLARE name [BINARY] [[NO] SCROLL] [ASENSITIVE | INSENSITIVE] CURSOR
+        // [{WITH | WITHOUT} HOLD] FOR query: options are words only.
+        match &it.next()?.tok {
+            Tok::Word(_) | Tok::Quoted(_) => {}
+            _ => return None,
+        }
+        for t in it.by_ref() {
+            match t.word()? {
+                "for" => return it.next().map(|body| &sql[body.start..]),
+                "binary" | "no" | "scroll" | "asensitive" | "insensitive" | "cursor" | "with"
+                | "without" | "hold" => {}
+                _ => return None,
+            }
+        }
+        return None;
+    }
+    if first != "prepare" {
         return None;
     }
     match &it.next()?.tok {
@@ -280,6 +299,20 @@ mod prepared_tests {
             prepared_statement("/* c */ PREPARE q AS UPDATE t SET a = 'as'"),
             Some("UPDATE t SET a = 'as'")
         );
+    }
+
+    #[test]
+    fn a_cursor_declaration_yields_its_query() {
+        assert_eq!(
+            prepared_statement("DECLARE c NO SCROLL CURSOR WITH HOLD FOR SELECT id FROM t"),
+            Some("SELECT id FROM t")
+        );
+        assert_eq!(
+            prepared_statement("declare \"C\" cursor for\n  select 1"),
+            Some("select 1")
+        );
+        assert_eq!(prepared_statement("DECLARE c CURSOR FOR"), None);
+        assert_eq!(prepared_statement("DECLARE c TABLE FOR SELECT 1"), None);
     }
 
     #[test]

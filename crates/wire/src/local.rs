@@ -129,8 +129,13 @@ pub enum LocalRequest {
     Route {
         database: String,
         targets: Vec<(TableRef, Option<String>)>,
-        /// Writes or locks rows (INSERT, UPDATE, DELETE, `FOR UPDATE`): needs the leaseholder.
+        /// Needs the leaseholder: writes or locks rows (INSERT, UPDATE, DELETE, `FOR UPDATE`),
+        /// or reads under REPEATABLE READ or SERIALIZABLE.
         write: bool,
+        /// Changes rows (so its commit is checked against the range's fence); a statement
+        /// that only reads on the leaseholder passes a read barrier instead.
+        #[serde(default)]
+        modifies: bool,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
