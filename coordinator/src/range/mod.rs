@@ -696,7 +696,8 @@ impl Ranges {
     /// Waits until this node has applied every write acknowledged before the call to the
     /// ranges of `targets`: the range's leader confirms its leadership with a quorum and names
     /// its commit index (Raft read-index), and this node's applier reaches it. A node without
-    /// a replica cannot serve the read (until reads are routed). `Ok(false)`: replication is
+    /// a replica cannot serve the read ([`Self::route`] sends it to the leaseholder instead).
+    /// `Ok(false)`: replication is
     /// off, nothing to wait for.
     pub async fn read_barrier(
         &self,
@@ -727,7 +728,7 @@ impl Ranges {
                         self.me,
                         holder.map_or("none yet".into(), |h| h.to_string())
                     ),
-                    hint: "Read on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges; reads are not routed to replicas yet.".into(),
+                    hint: "Read on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges.".into(),
                 });
             };
             let index = loop {
