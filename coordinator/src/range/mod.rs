@@ -697,8 +697,7 @@ impl Ranges {
     /// ranges of `targets`: the range's leader confirms its leadership with a quorum and names
     /// its commit index (Raft read-index), and this node's applier reaches it. A node without
     /// a replica cannot serve the read ([`Self::route`] sends it to the leaseholder instead).
-    /// `Ok(false)`: replication is
-    /// off, nothing to wait for.
+    /// `Ok(false)`: replication is off, nothing to wait for.
     pub async fn read_barrier(
         &self,
         database: &str,
