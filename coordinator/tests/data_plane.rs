@@ -683,6 +683,32 @@ enum Event {
     Return(u64, RegRet),
 }
 
+/// A connection to `ports[*target]` as a client with every node's address makes one: on
+/// failure it moves on to the next node (after a short pause) and returns `None`.
+async fn connect_or_move_on(ports: &[u16], target: &mut usize) -> Option<PgConnection> {
+    let c = PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(ports[*target])
+        .username("postgres")
+        .database("bank")
+        .connect()
+        .await
+        .ok();
+    if c.is_none() {
+        *target = (*target + 1) % ports.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c
+}
+
+/// The next value of a xorshift generator: the clients' choices, reproducible per seed.
+fn xorshift(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
 /// One client of the register: reads, writes and compare-and-sets through `ports[start]`,
 /// moving to the next node when its node fails, until `until`. Each write and swap installs a
 /// value no other operation installs, so the checker's search stays narrow.
@@ -703,24 +729,13 @@ async fn register_client(
     let record = |e: Event| history.lock().unwrap().push((Instant::now(), e));
     while Instant::now() < until {
         if conn.is_none() {
-            conn = PgConnectOptions::new()
-                .host("127.0.0.1")
-                .port(ports[target])
-                .username("postgres")
-                .database("bank")
-                .connect()
-                .await
-                .ok();
+            conn = connect_or_move_on(&ports, &mut target).await;
             if conn.is_none() {
-                target = (target + 1) % ports.len();
-                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         }
         let c = conn.as_mut().unwrap();
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        seed = xorshift(seed);
         next_value += 1;
         let op = match seed % 3 {
             0 => RegOp::Read,
@@ -955,24 +970,13 @@ async fn bank_client(
     let mut tid = client as i64 * 1_000_000;
     while Instant::now() < until {
         if conn.is_none() {
-            conn = PgConnectOptions::new()
-                .host("127.0.0.1")
-                .port(ports[target])
-                .username("postgres")
-                .database("bank")
-                .connect()
-                .await
-                .ok();
+            conn = connect_or_move_on(&ports, &mut target).await;
             if conn.is_none() {
-                target = (target + 1) % ports.len();
-                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         }
         let c = conn.as_mut().unwrap();
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
+        seed = xorshift(seed);
         let from = (seed % 10) as i32 + 1;
         let to = ((seed / 10) % 9) as i32 + 1;
         let to = if to >= from { to + 1 } else { to };
