@@ -338,6 +338,14 @@ pub unsafe fn statement_targets(
     targets
 }
 
+/// Whether pgmr said within the last second that row replication is off: statements are
+/// then neither routed nor wait for barriers (no call to pgmr per statement).
+pub fn known_off() -> bool {
+    BARRIER_OFF_UNTIL
+        .with(|c| c.get())
+        .is_some_and(|t| Instant::now() < t)
+}
+
 /// pgmr said row replication is off: reads skip the barrier for a second.
 pub fn barrier_off_for_a_while() {
     BARRIER_OFF_UNTIL.with(|c| c.set(Some(Instant::now() + Duration::from_secs(1))));
@@ -387,10 +395,7 @@ pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     {
         return;
     }
-    if BARRIER_OFF_UNTIL
-        .with(|c| c.get())
-        .is_some_and(|t| Instant::now() < t)
-    {
+    if known_off() {
         return;
     }
     // SAFETY: as this function's contract.

@@ -127,6 +127,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     } {
         return;
     }
+    if replication::known_off() && REMOTE.with(|r| r.borrow().is_none()) {
+        return;
+    }
     if SERVING.with(Cell::get) > 0 {
         // SAFETY: as this function's contract.
         unsafe { replication::read_barrier(qd, eflags) };
