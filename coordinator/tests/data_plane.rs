@@ -701,6 +701,15 @@ async fn connect_or_move_on(ports: &[u16], target: &mut usize) -> Option<PgConne
     c
 }
 
+/// The fault of the register and bank tests: 6 s into the clients' run, `node` (the
+/// leaseholder's) is killed with SIGKILL, and 8 s later started again on its data.
+async fn crash_and_restart_under_load(node: &mut Node) {
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    node.crash();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    node.restart();
+}
+
 /// The next value of a xorshift generator: the clients' choices, reproducible per seed.
 fn xorshift(mut x: u64) -> u64 {
     x ^= x << 13;
@@ -829,10 +838,7 @@ async fn a_register_used_through_every_node_under_a_leaseholder_kill_is_lineariz
             ))
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    nodes[first].crash();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    nodes[first].restart();
+    crash_and_restart_under_load(&mut nodes[first]).await;
     let mut totals = (0, 0);
     for c in clients {
         let (ok, amb) = c.await.unwrap();
@@ -1050,10 +1056,7 @@ async fn bank_transfers_through_every_node_survive_a_leaseholder_kill() {
     let clients: Vec<_> = (0..3u64)
         .map(|i| tokio::spawn(bank_client(i + 1, ports.clone(), i as usize, until)))
         .collect();
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    nodes[first].crash();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    nodes[first].restart();
+    crash_and_restart_under_load(&mut nodes[first]).await;
     let (mut acked, mut unknown) = (Vec::new(), Vec::new());
     for c in clients {
         let (a, u) = c.await.unwrap();
