@@ -84,8 +84,10 @@ async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
     if sent.is_err() {
         // A backend that replicated a write and is gone before hearing so will not commit
         // it locally: the range must not serve writes until its applier has applied it.
-        if let LocalResponse::Replicated { range_id, index } = response {
-            node.abandon_replicated(range_id, index);
+        if let LocalResponse::Replicated { entries } = response {
+            for (range_id, index) in entries {
+                node.abandon_replicated(range_id, index);
+            }
         }
     }
     sent?;

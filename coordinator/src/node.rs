@@ -635,28 +635,37 @@ impl Node {
             },
             LocalRequest::ReplicateTxn {
                 database,
-                targets,
+                writes,
                 txn_id,
                 schema_version,
                 txn_start_ms,
-                changes,
+                prepare,
             } => {
-                let write = crate::range::TxnWrite {
+                let meta = crate::range::TxnMeta {
                     txn_id,
-                    origin: self.id(),
                     schema_version,
-                    changes,
-                    at_ms: now_ms(),
+                    start_ms: txn_start_ms,
                 };
                 match self
                     .ranges()
-                    .replicate(database, targets, write, txn_start_ms)
+                    .replicate(database, writes, meta, prepare)
                     .await
                 {
-                    Ok(Some((range_id, index))) => LocalResponse::Replicated { range_id, index },
+                    Ok(Some(entries)) => LocalResponse::Replicated { entries },
                     Ok(None) => LocalResponse::NotReplicated,
                     Err(e) => crate::range::write_error(e),
                 }
+            }
+            LocalRequest::CommitDistributed {
+                database,
+                gid,
+                backend_pid,
+                participants,
+                local,
+            } => {
+                self.ranges()
+                    .commit_distributed(database, gid, backend_pid, participants, local)
+                    .await
             }
             LocalRequest::ReplicationEnabled => LocalResponse::ReadBarrier {
                 enabled: self.ranges().enabled(),
@@ -1262,6 +1271,24 @@ impl Handler for Node {
                     }
                 }),
                 _ => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::TxnDecision {
+                anchor,
+                gid,
+                propose,
+            } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_decision(anchor, gid, propose).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::FinishPrepared {
+                database,
+                name,
+                commit,
+            } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move {
+                    r.serve_finish_prepared(database, name, commit).await
+                }),
+                None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::ExecKeepalive { sessions } => {
                 if let (Some(r), Some(origin)) = (self.ranges.get(), peer.node_id) {

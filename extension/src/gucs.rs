@@ -28,6 +28,11 @@ static ENABLE_AUTO_REHOMING: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// which only repairs and tests of a node without its pgmr should do.
 static REPLICATE_DDL: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Set by pgmr (`anchor:gid`, transaction-local) just before `PREPARE TRANSACTION` of a
+/// forwarded session that is a part of another node's two-phase commit: the prepare then
+/// writes the session's changes as prepared entries anchored there. Superuser-only.
+static PREPARE_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+
 /// Upper bound on one call to pgmr, so that a stuck pgmr cannot hang a backend.
 static SIDECAR_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
@@ -86,7 +91,21 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"multiregion.prepare_as",
+        c"Set by pgmr when a forwarded transaction prepares as part of a two-phase commit.",
+        c"The range that records the decision and the transaction's decision key.",
+        &PREPARE_AS,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
+    );
     reserve_prefix();
+}
+
+/// This transaction's part in another node's two-phase commit, if pgmr set one.
+pub fn prepare_as() -> Option<mr_wire::local::PrepareAs> {
+    let raw = PREPARE_AS.get()?;
+    mr_wire::local::PrepareAs::from_setting(raw.to_str().ok()?)
 }
 
 /// Turns a misspelt `multiregion.*` setting into an error instead of a silent placeholder.

@@ -23,7 +23,7 @@ use crate::error::{MrError, OrRaise};
 use crate::gucs;
 use crate::regions::spi;
 use crate::sidecar::{self, Replication};
-use mr_wire::local::LocalRequest;
+use mr_wire::local::{LocalRequest, LocalWrite, PrepareAs, TargetWrite};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -51,8 +51,8 @@ struct Txn {
     changes: Vec<Change>,
     /// `changes.len()` at the start of each open subtransaction.
     marks: Vec<usize>,
-    /// The entry this transaction's changes became, once replicated.
-    replicated: Option<(u64, u64)>,
+    /// The entries this transaction's changes became, once replicated.
+    replicated: Vec<(u64, u64)>,
 }
 
 thread_local! {
@@ -123,24 +123,32 @@ unsafe extern "C-unwind" fn xact_callback(
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT => {
-            crate::routing::pre_commit().or_raise();
             // SAFETY: the transaction is still in progress at pre-commit; its portal (and so
             // its active snapshot) is gone, and SPI needs one: push the transaction's own and
             // pop it again (on error, abort pops it).
             unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-            pre_commit().or_raise();
+            crate::routing::pre_commit().or_raise();
+            replicate(None).or_raise();
             unsafe { pg_sys::PopActiveSnapshot() };
         }
         XACT_EVENT_PRE_PREPARE => {
             crate::routing::pre_prepare();
             if TXN.with(|t| !t.borrow().changes.is_empty()) {
-                MrError::PrepareReplicated.raise();
+                // Only a forwarded session that pgmr prepares as a part of another node's
+                // two-phase commit may prepare replicated changes.
+                let Some(part) = gucs::prepare_as() else {
+                    MrError::PrepareReplicated.raise();
+                };
+                // SAFETY: as at pre-commit.
+                unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+                replicate(Some(part)).or_raise();
+                unsafe { pg_sys::PopActiveSnapshot() };
             }
         }
         XACT_EVENT_ABORT => {
             crate::routing::at_end(true);
             let t = TXN.with(|t| std::mem::take(&mut *t.borrow_mut()));
-            if let Some((range_id, index)) = t.replicated {
+            for (range_id, index) in t.replicated {
                 if let Err(e) = sidecar::abandon_txn(range_id, index) {
                     // The entry is committed in the range but not here, and the range would
                     // go on serving writes over its rows: stop, and let recovery apply it.
@@ -434,11 +442,62 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).expect("strings serialize")
 }
 
+/// This transaction's id, unique in the cluster: this server's system identifier and the
+/// transaction's full id (assigned now if it has none).
 #[allow(unsafe_code)]
-fn pre_commit() -> Result<(), MrError> {
+pub fn txn_id() -> String {
+    // SAFETY: plain reads of this transaction's identity, inside it.
+    unsafe {
+        let fxid = pg_sys::GetTopFullTransactionId();
+        let sysid = pg_sys::GetSystemIdentifier();
+        format!("{sysid:x}-{:x}", fxid.value)
+    }
+}
+
+/// Replicates this transaction's changes before it commits (or, as `part` of another
+/// node's two-phase commit, prepares them).
+fn replicate(part: Option<PrepareAs>) -> Result<(), MrError> {
+    let Some(w) = take_write()? else {
+        return Ok(());
+    };
+    let req = LocalRequest::ReplicateTxn {
+        database: crate::routing::database(),
+        writes: w.writes,
+        txn_id: w.txn_id.clone(),
+        schema_version: w.schema_version,
+        txn_start_ms: w.txn_start_ms,
+        prepare: part,
+    };
+    match sidecar::replicate_txn(req)? {
+        Replication::Replicated { entries } => set_replicated(entries),
+        Replication::Off => forget_key(&w.txn_id),
+    }
+    Ok(())
+}
+
+/// Records the entries this transaction's changes became (fenced if it then aborts).
+pub fn set_replicated(entries: Vec<(u64, u64)>) {
+    TXN.with(|t| t.borrow_mut().replicated = entries);
+}
+
+fn forget_key(txn_id: &str) {
+    spi::as_extension_owner(|| {
+        spi::run_with(
+            "DELETE FROM multiregion.range_txns WHERE txn_id = $1",
+            vec![txn_id.into()],
+        )
+    })
+}
+
+/// Takes this transaction's changes for replication, per (table, partition), once it can no
+/// longer fail for its own reasons: runs PostgreSQL's serializable pre-commit check and
+/// records the transaction's key in `multiregion.range_txns` (uncommitted: replicas' appliers
+/// wait on it). `None`: nothing to replicate. Needs an active snapshot (SPI).
+#[allow(unsafe_code)]
+pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
     let changes = TXN.with(|t| std::mem::take(&mut t.borrow_mut().changes));
     if changes.is_empty() || gucs::sidecar_socket().is_none() {
-        return Ok(());
+        return Ok(None);
     }
     // SAFETY: reads backend globals; the check is PostgreSQL's own serializable pre-commit
     // step, which marks this transaction prepared so that later conflicts abort the other
@@ -455,7 +514,7 @@ fn pre_commit() -> Result<(), MrError> {
         .map(|c| c.old.as_ref().map_or(0, String::len) + c.new.as_ref().map_or(0, String::len) + 64)
         .sum();
     if approx > ASK_FIRST_ABOVE && !sidecar::replication_enabled()? {
-        return Ok(());
+        return Ok(None);
     }
     if approx > MAX_WRITE_SET {
         return Err(MrError::WriteSetTooLarge {
@@ -463,9 +522,10 @@ fn pre_commit() -> Result<(), MrError> {
             limit: MAX_WRITE_SET,
         });
     }
+    let database = crate::routing::database();
+    // Each (table, partition)'s changes as one JSON array, in the order they were made.
     let mut targets: BTreeMap<u32, Rc<Target>> = BTreeMap::new();
-    let mut json = String::from("[");
-    let mut first = true;
+    let mut arrays: BTreeMap<(String, String, Option<String>), String> = BTreeMap::new();
     for c in &changes {
         let key = c.relid.to_u32();
         if let std::collections::btree_map::Entry::Vacant(e) = targets.entry(key) {
@@ -476,10 +536,12 @@ fn pre_commit() -> Result<(), MrError> {
         let Some(t) = targets.get(&key) else {
             continue;
         };
-        if !first {
+        let json = arrays
+            .entry((t.schema.clone(), t.table.clone(), t.partition.clone()))
+            .or_insert_with(|| String::from("["));
+        if json.len() > 1 {
             json.push(',');
         }
-        first = false;
         let _ = write!(
             json,
             r#"{{"s":{},"t":{},"op":"{}","old":{},"new":{}}}"#,
@@ -490,60 +552,44 @@ fn pre_commit() -> Result<(), MrError> {
             c.new.as_deref().unwrap_or("null"),
         );
     }
-    json.push(']');
-    let database = crate::routing::database();
-    let mut seen = std::collections::BTreeSet::new();
-    let refs: Vec<(mr_meta::TableRef, Option<String>)> = targets
-        .values()
-        .filter(|t| seen.insert((t.schema.clone(), t.table.clone(), t.partition.clone())))
-        .map(|t| {
-            let r = mr_meta::TableRef {
-                database: database.clone(),
-                schema: t.schema.clone(),
-                table: t.table.clone(),
-            };
-            (r, t.partition.clone())
+    if arrays.is_empty() {
+        return Ok(None);
+    }
+    let writes = arrays
+        .into_iter()
+        .map(|((schema, table, partition), mut changes)| {
+            changes.push(']');
+            TargetWrite {
+                table: mr_meta::TableRef {
+                    database: database.clone(),
+                    schema,
+                    table,
+                },
+                partition,
+                changes,
+            }
         })
         .collect();
     let schema_version = spi::read_one("SELECT multiregion.schema_version()::text", vec![])
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    // SAFETY: plain reads of this transaction's identity; it has written rows, so it has a
-    // transaction id.
-    let (txn_id, start_ms) = unsafe {
-        let fxid = pg_sys::GetTopFullTransactionId();
-        let sysid = pg_sys::GetSystemIdentifier();
-        let start = pg_sys::GetCurrentTransactionStartTimestamp();
-        // TimestampTz counts microseconds from 2000-01-01; Unix ms from 1970.
-        let start_ms = (start / 1000 + 946_684_800_000).max(0) as u64;
-        (format!("{sysid:x}-{:x}", fxid.value), start_ms)
-    };
+    let txn_id = txn_id();
+    // SAFETY: reads this transaction's start time.
+    let start = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    // TimestampTz counts microseconds from 2000-01-01; Unix ms from 1970.
+    let txn_start_ms = (start / 1000 + 946_684_800_000).max(0) as u64;
     spi::as_extension_owner(|| {
         spi::run_with(
             "INSERT INTO multiregion.range_txns (txn_id) VALUES ($1)",
             vec![txn_id.as_str().into()],
         )
     });
-    let req = LocalRequest::ReplicateTxn {
-        database,
-        targets: refs,
-        txn_id: txn_id.clone(),
+    Ok(Some(LocalWrite {
+        writes,
+        txn_id,
         schema_version,
-        txn_start_ms: start_ms,
-        changes: json,
-    };
-    match sidecar::replicate_txn(req)? {
-        Replication::Replicated { range_id, index } => {
-            TXN.with(|t| t.borrow_mut().replicated = Some((range_id, index)));
-        }
-        Replication::Off => spi::as_extension_owner(|| {
-            spi::run_with(
-                "DELETE FROM multiregion.range_txns WHERE txn_id = $1",
-                vec![txn_id.as_str().into()],
-            )
-        }),
-    }
-    Ok(())
+        txn_start_ms,
+    }))
 }
 
 extension_sql!(
@@ -660,9 +706,12 @@ $fn$;
 
 -- pgmr's range applier: applies entry p_index of range p_range once. The transaction id is
 -- inserted first: if the leaseholder's own transaction holds it, this waits for that
--- transaction and then skips the entry (it committed) or applies it (it aborted).
+-- transaction and then skips the entry (it committed) or applies it (it aborted). A
+-- transaction over several ranges (p_keep false) has one key for all of its entries: an
+-- applier that applied one removes the key again, so the next range's entry applies too.
 CREATE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_txn text,
-                                            p_changes jsonb, p_schema_version bigint)
+                                            p_changes jsonb, p_schema_version bigint,
+                                            p_keep boolean DEFAULT true)
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_new boolean;
@@ -686,6 +735,10 @@ BEGIN
                                              v_change->'old', v_change->'new');
         END LOOP;
         PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+        IF NOT p_keep THEN
+            -- A prepared entry: the same transaction's entries of other ranges use the key too.
+            DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
+        END IF;
     END IF;
     INSERT INTO multiregion.range_state VALUES (p_range, p_index)
         ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index;
@@ -723,7 +776,7 @@ RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
 $fn$;
 REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
-    multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint),
+    multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint, boolean),
     multiregion.advance_range(bigint, bigint),
     multiregion.range_checksum(bigint, text, text, text) FROM PUBLIC;
 "#,

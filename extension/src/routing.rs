@@ -22,7 +22,8 @@
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, replication, sidecar};
 use mr_wire::local::{
-    Finish, ForwardBegin, ForwardRequest, ForwardStatement, Isolation, SavepointOp,
+    Finish, ForwardBegin, ForwardRequest, ForwardStatement, Isolation, LocalRequest,
+    Participant, SavepointOp,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -66,7 +67,8 @@ struct RemoteTxn {
 thread_local! {
     /// Statements to forward, by QueryDesc address.
     static FORWARDED: RefCell<HashMap<usize, Forwarded>> = RefCell::new(HashMap::new());
-    static REMOTE: RefCell<Option<RemoteTxn>> = const { RefCell::new(None) };
+    /// This transaction's sessions on other nodes, in the order they began.
+    static REMOTE: RefCell<Vec<RemoteTxn>> = const { RefCell::new(Vec::new()) };
     /// This transaction's open subtransactions, outermost first.
     static OPEN_SUBS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
     /// Above zero while this backend runs a statement another node forwarded here: it is
@@ -127,7 +129,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     } {
         return;
     }
-    if replication::known_off() && REMOTE.with(|r| r.borrow().is_none()) {
+    if replication::known_off() && REMOTE.with(|r| r.borrow().is_empty()) {
         return;
     }
     if SERVING.with(Cell::get) > 0 {
@@ -200,13 +202,21 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             )
         });
     };
-    if let Some(node) = REMOTE.with(|r| r.borrow().as_ref().map(|r| r.node)) {
+    // SAFETY: reads a backend global.
+    let snapshot_isolation = unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 };
+    let first_remote = REMOTE.with(|r| r.borrow().first().map(|r| r.node));
+    if let (true, Some(node)) = (snapshot_isolation, first_remote) {
         refuse_dynamic(node);
-        // Pinned: the transaction's reads and writes go where its writes went.
+        // REPEATABLE READ and SERIALIZABLE need one snapshot and one place where conflicts
+        // are seen: the transaction's reads and writes go where its first remote statement
+        // went (a write that node does not lease is refused at its commit).
         forward_to(node);
         return;
     }
-    match sidecar::route(database(), targets, write, modifies) {
+    // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
+    // that it sees its own writes there.
+    let has_remotes = first_remote.is_some();
+    match sidecar::route(database(), targets, write || has_remotes, modifies) {
         Ok((false, _)) => replication::barrier_off_for_a_while(),
         Ok((true, None)) => {
             if !write {
@@ -216,12 +226,12 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         }
         Ok((true, Some(node))) => {
             refuse_dynamic(node);
-            if replication::has_local_changes() {
+            if snapshot_isolation && replication::has_local_changes() {
                 MrError::WriteNotServed {
                     message: format!(
-                        "this transaction wrote rows leased on this node and now touches rows leased on node {node}"
+                        "this REPEATABLE READ or SERIALIZABLE transaction wrote rows leased on this node and now touches rows leased on node {node}"
                     ),
-                    hint: "A transaction over ranges leased on different nodes needs two-phase commit, which is not built yet: split it into one transaction per leaseholder.".into(),
+                    hint: "A transaction over several leaseholders commits atomically (two-phase commit) under READ COMMITTED; under REPEATABLE READ and SERIALIZABLE it must stay on one leaseholder: split it, or use READ COMMITTED.".into(),
                 }
                 .raise();
             }
@@ -233,7 +243,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
 
 /// Whether this transaction runs statements on another node.
 pub fn is_pinned() -> bool {
-    REMOTE.with(|r| r.borrow().is_some())
+    REMOTE.with(|r| !r.borrow().is_empty())
 }
 
 /// Runs a statement: forwarded ones from their rows, the others through `run` (PostgreSQL's
@@ -429,11 +439,11 @@ unsafe fn forward_statement(
             && (*qd.dest).mydest == pg_sys::CommandDest::DestRemote
     };
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
-    let pinned = REMOTE.with(|r| r.borrow().is_some());
-    let (req, pin) = if pinned {
+    let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
+    let (req, pin) = if let Some(i) = existing {
         let req = REMOTE.with(|r| {
             let mut r = r.borrow_mut();
-            let r = r.as_mut().expect("pinned");
+            let r = &mut r[i];
             let mut savepoints = std::mem::take(&mut r.pending);
             for id in open.iter().skip(r.savepoints.len()) {
                 savepoints.push(SavepointOp::Savepoint(*id));
@@ -450,6 +460,9 @@ unsafe fn forward_statement(
         });
         (req, None)
     } else {
+        // One message when this statement is the whole transaction.
+        let autocommit =
+            autocommit && !is_pinned() && !replication::has_local_changes();
         let session = new_session();
         let req = ForwardRequest {
             session: session.clone(),
@@ -469,8 +482,8 @@ unsafe fn forward_statement(
         (req, pin)
     };
     if let Some(pin) = pin {
-        // Pinned before sending: if the answer is lost, the abort still rolls it back.
-        REMOTE.with(|r| *r.borrow_mut() = Some(pin));
+        // Recorded before sending: if the answer is lost, the abort still rolls it back.
+        REMOTE.with(|r| r.borrow_mut().push(pin));
     }
     sidecar::forward(node, req)
 }
@@ -599,22 +612,60 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
     }
 }
 
-/// Transaction pre-commit: commits the remote transaction first; its failure aborts this one.
+/// Transaction pre-commit: commits the transaction's parts on other nodes first; their
+/// failure aborts this one. One remote part and no rows written here: its commit is this
+/// transaction's. Otherwise two-phase commit, coordinated by this node's pgmr, with this
+/// backend's own changes as one of the parts. Needs an active snapshot (SPI).
+#[allow(unsafe_code)]
 pub fn pre_commit() -> Result<(), MrError> {
-    let Some(r) = REMOTE.with(|r| r.borrow_mut().take()) else {
-        return Ok(());
+    let remotes = REMOTE.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    match remotes.as_slice() {
+        [] => return Ok(()),
+        [one] if !replication::has_local_changes() => return finish(one, Finish::Commit),
+        _ => {}
+    }
+    let roll_back = |remotes: &[RemoteTxn]| {
+        for r in remotes {
+            let _ = finish(r, Finish::Rollback);
+        }
     };
-    if replication::has_local_changes() {
-        let _ = finish(&r, Finish::Rollback);
+    // SAFETY: reads a backend global.
+    if unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
+        // Statements are kept on one node under these levels; this is a backstop.
+        roll_back(&remotes);
         return Err(MrError::WriteNotServed {
-            message: format!(
-                "this transaction wrote rows leased on this node and on node {}",
-                r.node
-            ),
-            hint: "A transaction over ranges leased on different nodes needs two-phase commit, which is not built yet: split it into one transaction per leaseholder.".into(),
+            message: "this REPEATABLE READ or SERIALIZABLE transaction has parts on several nodes".into(),
+            hint: "Use READ COMMITTED for transactions over several leaseholders, or split the transaction.".into(),
         });
     }
-    finish(&r, Finish::Commit)
+    let local = match replication::take_write() {
+        Ok(local) => local,
+        Err(e) => {
+            roll_back(&remotes);
+            return Err(e);
+        }
+    };
+    let participants = remotes
+        .iter()
+        .map(|r| Participant {
+            node_id: r.node,
+            session: r.session.clone(),
+            savepoints: r.pending.clone(),
+        })
+        .collect();
+    let req = LocalRequest::CommitDistributed {
+        database: database(),
+        gid: replication::txn_id(),
+        backend_pid: backend_pid(),
+        participants,
+        local,
+    };
+    // pgmr rolls the parts back itself when the commit fails.
+    match sidecar::commit_distributed(req)? {
+        sidecar::Replication::Replicated { entries } => replication::set_replicated(entries),
+        sidecar::Replication::Off => {}
+    }
+    Ok(())
 }
 
 fn finish(r: &RemoteTxn, how: Finish) -> Result<(), MrError> {
@@ -642,7 +693,7 @@ pub fn at_end(aborted: bool) {
     FORWARDED.with(|f| f.borrow_mut().clear());
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
     RUN_DEPTH.with(|d| d.set(0));
-    if let Some(r) = REMOTE.with(|r| r.borrow_mut().take()) {
+    for r in REMOTE.with(|r| std::mem::take(&mut *r.borrow_mut())) {
         if aborted {
             if let Err(e) = finish(&r, Finish::Rollback) {
                 pgrx::warning!(
@@ -668,7 +719,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
             });
             let abort = event == SUBXACT_EVENT_ABORT_SUB;
             REMOTE.with(|r| {
-                if let Some(r) = r.borrow_mut().as_mut() {
+                for r in r.borrow_mut().iter_mut() {
                     if let Some(pos) = r.savepoints.iter().position(|&s| s == my) {
                         if abort {
                             r.pending.push(SavepointOp::RollbackTo(my));

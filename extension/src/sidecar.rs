@@ -46,8 +46,9 @@ pub fn nodes() -> Result<Vec<NodeRow>, MrError> {
 
 /// What replicating a transaction's changes came to.
 pub enum Replication {
-    /// Committed in the range's Raft log as entry `index`.
-    Replicated { range_id: u64, index: u64 },
+    /// Committed (or, for a part of a two-phase commit, prepared) in the ranges' Raft logs as
+    /// these (range, index) entries.
+    Replicated { entries: Vec<(u64, u64)> },
     /// Replication is off, or the tables are not replicated.
     Off,
 }
@@ -62,11 +63,23 @@ const REPLICATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     match call_local(&path, &req, REPLICATE_TIMEOUT, || true)? {
-        LocalResponse::Replicated { range_id, index } => {
-            Ok(Replication::Replicated { range_id, index })
-        }
+        LocalResponse::Replicated { entries } => Ok(Replication::Replicated { entries }),
         LocalResponse::NotReplicated => Ok(Replication::Off),
         other => Err(write_error("replicate_txn", other)),
+    }
+}
+
+/// Longest wait for a two-phase commit: pgmr bounds each phase (prepares by the forwarded
+/// steps' own limits, the decision and the parts' commits by 10 s each).
+const COMMIT_DISTRIBUTED_TIMEOUT: Duration = Duration::from_secs(660);
+
+/// Has pgmr commit a transaction with parts on other nodes (two-phase commit). Not
+/// interruptible, like [`replicate_txn`]: the decision may already stand.
+pub fn commit_distributed(req: LocalRequest) -> Result<Replication, MrError> {
+    let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
+    match call_local(&path, &req, COMMIT_DISTRIBUTED_TIMEOUT, || true)? {
+        LocalResponse::Replicated { entries } => Ok(Replication::Replicated { entries }),
+        other => Err(write_error("commit_distributed", other)),
     }
 }
 

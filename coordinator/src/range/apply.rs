@@ -7,9 +7,18 @@
 //! `multiregion.range_txns` was committed by the local transaction that wrote it (the
 //! leaseholder's) and only moves the cursor. The insert of that id waits for a local
 //! transaction still holding it, which is what orders the applier after the writer.
+//!
+//! A `Prepare` entry (two-phase commit, [`super::twophase`]) waits here until its
+//! transaction's decision is known: from this node's record of decisions, else from the
+//! anchor range's leaseholder, which is asked to decide abort once the entry has waited
+//! [`ABORT_AFTER`] (its coordinator is gone). The node's own prepared PostgreSQL transaction
+//! for it, if any, is ended first; then the rows are applied (or skipped) as for a `Commit`
+//! entry, at the `Prepare` entry's place in the log.
 
 use super::store;
-use super::Group;
+use super::{Group, Ranges, TxnKind};
+use std::sync::Weak;
+use std::time::Instant;
 use crate::postgres::{PgConfig, PgState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -25,9 +34,19 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// At most this many entries are read from the log per batch.
 const BATCH: u64 = 256;
+/// A prepared entry's decision is asked of the anchor after this long, and decided abort
+/// after [`ABORT_AFTER`] (the coordinator decides within seconds, or not at all).
+const ASK_AFTER: Duration = Duration::from_secs(1);
+const ABORT_AFTER: Duration = super::twophase::SWEEP_AFTER;
 
 /// Applies `g`'s committed entries until the group stops.
-pub async fn run(g: Arc<Group>, db: Arc<Database>, pg_cfg: PgConfig, pg: Arc<PgState>) {
+pub async fn run(
+    g: Arc<Group>,
+    db: Arc<Database>,
+    pg_cfg: PgConfig,
+    pg: Arc<PgState>,
+    ranges: Weak<Ranges>,
+) {
     let mut committed = g.committed.clone();
     let mut conn: Option<PgConnection> = None;
     let mut cursor: Option<u64> = None;
@@ -45,7 +64,14 @@ pub async fn run(g: Arc<Group>, db: Arc<Database>, pg_cfg: PgConfig, pg: Arc<PgS
             }
             continue;
         }
-        match step(&g, &db, &pg_cfg, &pg, &mut conn, &mut cursor, target).await {
+        let ctx = Ctx {
+            g: &g,
+            db: &db,
+            pg_cfg: &pg_cfg,
+            pg: &pg,
+            ranges: &ranges,
+        };
+        match step(&ctx, &mut conn, &mut cursor, target).await {
             Ok(()) => backoff = BACKOFF_MIN,
             Err(e) => {
                 tracing::debug!(range_id = g.range_id, "range applier: {e}");
@@ -61,16 +87,25 @@ pub async fn run(g: Arc<Group>, db: Arc<Database>, pg_cfg: PgConfig, pg: Arc<PgS
     }
 }
 
+/// What one step of an applier works with.
+struct Ctx<'a> {
+    g: &'a Group,
+    db: &'a Database,
+    pg_cfg: &'a PgConfig,
+    pg: &'a PgState,
+    ranges: &'a Weak<Ranges>,
+}
+
 /// Connects if needed, then applies entries after the cursor up to `target`.
 async fn step(
-    g: &Group,
-    db: &Database,
-    pg_cfg: &PgConfig,
-    pg: &PgState,
+    ctx: &Ctx<'_>,
     conn: &mut Option<PgConnection>,
     cursor: &mut Option<u64>,
     target: u64,
 ) -> Result<(), String> {
+    let Ctx {
+        g, db, pg_cfg, pg, ..
+    } = *ctx;
     if pg.ready_pid().is_none() {
         return Err("PostgreSQL is not ready".into());
     }
@@ -106,10 +141,32 @@ async fn step(
     for e in entries {
         let index = e.log_id.index;
         let result = match &e.payload {
-            EntryPayload::Normal(w) => {
-                g.saw_data(true);
-                apply_txn(c, g.range_id, index, w).await
-            }
+            EntryPayload::Normal(w) => match &w.kind {
+                TxnKind::Commit => {
+                    g.saw_data(true);
+                    apply_txn(c, g.range_id, index, w, true).await
+                }
+                TxnKind::Prepare { anchor, gid } => {
+                    g.saw_data(true);
+                    let commit = decision(ctx, *anchor, gid).await?;
+                    let name = mr_wire::local::PrepareAs {
+                        anchor: *anchor,
+                        gid: gid.clone(),
+                    }
+                    .prepared_name();
+                    // This node's part, if it was one, holds the rows' locks (and the
+                    // transaction's key) until it ends.
+                    super::twophase::finish_prepared_on(c, &name, commit)
+                        .await
+                        .map_err(|e| format!("ending prepared transaction {name}: {e}"))?;
+                    if commit {
+                        apply_txn(c, g.range_id, index, w, false).await
+                    } else {
+                        advance(c, g.range_id, index).await
+                    }
+                }
+                TxnKind::Decide { .. } => advance(c, g.range_id, index).await,
+            },
             _ => advance(c, g.range_id, index).await,
         };
         result.map_err(|e| format!("applying entry {index}: {e}"))?;
@@ -132,19 +189,49 @@ fn load_cursor(c: &mut PgConnection, range_id: u64) -> BoxFuture<'_, Result<u64,
     .boxed()
 }
 
+/// Waits for the decision of the two-phase commit `gid` (recorded in range `anchor`).
+async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
+    let first = Instant::now();
+    let mut asked = None::<Instant>;
+    loop {
+        if let Some(d) = store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))? {
+            return Ok(d);
+        }
+        let waited = first.elapsed();
+        if waited >= ASK_AFTER && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
+            asked = Some(Instant::now());
+            if let Some(r) = ctx.ranges.upgrade() {
+                let propose = (waited >= ABORT_AFTER).then_some(false);
+                if let Ok(Some(d)) = r.decide(anchor, gid, propose).await {
+                    return Ok(d);
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            _ = ctx.g.stop.cancelled() => return Err("the range stopped".into()),
+        }
+    }
+}
+
+/// Applies one transaction's rows (`keep`: leave its key, as a `Commit` entry does; a
+/// `Prepare` entry's key is removed again, since other ranges' entries of the same
+/// transaction use it too).
 fn apply_txn<'a>(
     c: &'a mut PgConnection,
     range_id: u64,
     index: u64,
     w: &'a super::TxnWrite,
+    keep: bool,
 ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
     async move {
-        sqlx::query("SELECT multiregion.apply_range_txn($1, $2, $3, $4::jsonb, $5)")
+        sqlx::query("SELECT multiregion.apply_range_txn($1, $2, $3, $4::jsonb, $5, $6)")
             .bind(range_id as i64)
             .bind(index as i64)
             .bind(&w.txn_id)
             .bind(&w.changes)
             .bind(w.schema_version as i64)
+            .bind(keep)
             .execute(c)
             .await?;
         Ok(())

@@ -411,6 +411,7 @@ impl Ranges {
                     .await;
             }
         }
+        self.sweep_prepared().await;
         let now = Instant::now();
         self.sessions
             .ended
@@ -508,17 +509,12 @@ async fn run_steps(
             }
         }
     }
-    match req.finish {
+    match &req.finish {
         Some(Finish::Commit) => {
             // COMMIT of a failed transaction rolls back without an error: refuse it here.
             if remote.failed.load(Ordering::SeqCst) {
                 let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
-                return Err(Step::Sql(SqlError {
-                    code: "25P02".into(),
-                    message: "current transaction is aborted, commands ignored until end of transaction block".into(),
-                    detail: None,
-                    hint: None,
-                }));
+                return Err(Step::Sql(aborted()));
             }
             match sqlx::query("COMMIT").execute(&mut *conn).await {
                 Ok(_) => {}
@@ -534,6 +530,30 @@ async fn run_steps(
         Some(Finish::Rollback) => {
             if let Err(e) = sqlx::query("ROLLBACK").execute(&mut *conn).await {
                 return Err(Step::Broken(sql_error(&e)));
+            }
+        }
+        Some(Finish::Prepare(p)) => {
+            if remote.failed.load(Ordering::SeqCst) {
+                let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+                return Err(Step::Sql(aborted()));
+            }
+            // The backend's pre-prepare writes its changes as prepared entries anchored where
+            // the coordinator records the decision (only a superuser can set this).
+            let set = sqlx::query("SELECT pg_catalog.set_config('multiregion.prepare_as', $1, true)")
+                .bind(p.setting())
+                .execute(&mut *conn)
+                .await;
+            if let Err(e) = set {
+                return Err(failed(remote, e));
+            }
+            let sql = format!(
+                "PREPARE TRANSACTION {}",
+                super::twophase::quote_literal(&p.prepared_name())
+            );
+            match sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+                Ok(_) => {}
+                Err(e @ sqlx::Error::Database(_)) => return Err(Step::Sql(sql_error(&e))),
+                Err(e) => return Err(Step::Broken(sql_error(&e))),
             }
         }
         None => {}
@@ -570,6 +590,17 @@ async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
     sqlx::query_scalar("SELECT pg_catalog.pg_backend_pid()")
         .fetch_one(conn)
         .await
+}
+
+fn aborted() -> SqlError {
+    SqlError {
+        code: "25P02".into(),
+        message:
+            "current transaction is aborted, commands ignored until end of transaction block"
+                .into(),
+        detail: None,
+        hint: None,
+    }
 }
 
 fn gone(me: u64) -> SqlError {

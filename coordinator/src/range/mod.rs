@@ -27,6 +27,7 @@
 pub mod apply;
 mod check;
 mod forward;
+mod twophase;
 pub mod store;
 pub mod types;
 
@@ -46,7 +47,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-pub use types::{RangeRaft, TxnWrite};
+pub use types::{RangeRaft, TxnKind, TxnWrite};
+use mr_wire::local::{PrepareAs, TargetWrite};
+
+/// What the ranges' entries say about the transaction that wrote them.
+pub struct TxnMeta {
+    /// The key under which replicas record that they applied the transaction's rows.
+    pub txn_id: String,
+    pub schema_version: u64,
+    /// When the transaction began (Unix ms), for the fence.
+    pub start_ms: u64,
+}
 
 /// The cluster setting that turns row replication on (off by default until transactions
 /// over several leaseholders and snapshots for new replicas exist).
@@ -179,6 +190,36 @@ struct Resolved {
     expanded: BTreeSet<u64>,
     /// Targets of replicated tables without a range yet.
     missing: Vec<String>,
+}
+
+/// Proposes one entry on this node, the range's leader: its index and the state
+/// machine's answer once a quorum holds it. An unknown outcome fences the range.
+async fn propose(g: &Group, entry: TxnWrite) -> Result<(u64, Option<bool>), WriteError> {
+    let range_id = g.range_id;
+    let started = Instant::now();
+    let resp = match tokio::time::timeout(WRITE_TIMEOUT, g.raft.client_write(entry)).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(e)) if e.forward_to_leader().is_some() => {
+            return Err(WriteError::Retryable(format!(
+                "range {range_id}: this node lost the lease before the write was proposed"
+            )))
+        }
+        Ok(Err(e)) => {
+            g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
+            return Err(WriteError::Ambiguous(e.to_string()));
+        }
+        Err(_) => {
+            g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
+            return Err(WriteError::Ambiguous(format!(
+                "no quorum of range {range_id}'s voters confirmed the write within {WRITE_TIMEOUT:?}"
+            )));
+        }
+    };
+    let index = resp.log_id.index;
+    if started.elapsed() > Duration::from_secs(1) {
+        tracing::warn!(range_id, index, took = ?started.elapsed(), "a slow replicated write");
+    }
+    Ok((index, resp.data))
 }
 
 /// Why a write could not be replicated.
@@ -346,6 +387,7 @@ impl Ranges {
             self.db.clone(),
             self.pg_cfg.clone(),
             self.pg.clone(),
+            Arc::downgrade(self),
         ));
         tracing::info!(range_id = d.range_id, table = %d.table.table, partition = ?d.partition, "started a range replica");
         Ok(g)
@@ -503,20 +545,25 @@ impl Ranges {
         Ok(())
     }
 
-    /// Replicates one transaction's row changes to `targets` (table, REGIONAL BY ROW
-    /// partition) through their range, on the leaseholder; see the module comment.
+    /// Replicates one transaction's row changes (per table and REGIONAL BY ROW partition)
+    /// through their ranges, on their leaseholder; see the module comment. One range: one
+    /// `Commit` entry. Several: a `Prepare` entry in each and the decision in the lowest
+    /// (two-phase commit through the logs, [`twophase`]). With `prepare`, the transaction is a
+    /// participant of another node's two-phase commit: `Prepare` entries only. Answers the
+    /// (range, index) of every entry proposed, `None` when nothing is replicated.
     pub async fn replicate(
         &self,
         database: String,
-        targets: Vec<(TableRef, Option<String>)>,
-        write: TxnWrite,
-        txn_start_ms: u64,
-    ) -> Result<Option<(u64, u64)>, WriteError> {
+        writes: Vec<TargetWrite>,
+        txn: TxnMeta,
+        prepare: Option<PrepareAs>,
+    ) -> Result<Option<Vec<(u64, u64)>>, WriteError> {
+        let targets: Vec<(TableRef, Option<String>)> = writes
+            .iter()
+            .map(|w| (w.table.clone(), w.partition.clone()))
+            .collect();
         let Resolved {
-            enabled,
-            ranges,
-            missing,
-            ..
+            enabled, missing, ..
         } = self.resolve_settled(&database, &targets).await;
         if !enabled {
             return Ok(None);
@@ -527,28 +574,74 @@ impl Ranges {
                 missing.join(", ")
             )));
         }
-        let mut ids = ranges.iter().map(|(id, _)| *id).collect::<BTreeSet<_>>();
-        let Some(range_id) = ids.pop_first() else {
-            return Ok(None);
-        };
-        if !ids.is_empty() {
-            return Err(WriteError::Unsupported {
-                message: format!(
-                    "a transaction writing to more than one range (ranges {range_id} and {}) is not supported yet",
-                    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
-                ),
-                hint: "Write each table (each region's rows of a REGIONAL BY ROW table) in its own transaction until cross-range transactions (two-phase commit) exist.".into(),
-            });
+        // Each range's changes, as one JSON array.
+        let mut per_range: BTreeMap<u64, (Vec<String>, Vec<(TableRef, Option<String>)>)> =
+            BTreeMap::new();
+        for w in writes {
+            let Some(range_id) = self.range_of(&w.table, &w.partition) else {
+                continue;
+            };
+            let body = w.changes.trim();
+            let body = body
+                .strip_prefix('[')
+                .and_then(|b| b.strip_suffix(']'))
+                .unwrap_or(body)
+                .trim();
+            let e = per_range.entry(range_id).or_default();
+            if !body.is_empty() {
+                e.0.push(body.to_string());
+            }
+            e.1.push((w.table, w.partition));
         }
-        let holder = ranges.iter().next().and_then(|(_, h)| *h);
-        let not_here = |why: &str| {
+        if per_range.is_empty() {
+            return Ok(None);
+        }
+        let mut groups = Vec::with_capacity(per_range.len());
+        for (range_id, (bodies, targets)) in per_range {
+            let g = self
+                .lead_for_write(range_id, &targets, txn.start_ms)
+                .await?;
+            let entry = TxnWrite {
+                txn_id: txn.txn_id.clone(),
+                origin: self.me,
+                schema_version: txn.schema_version,
+                changes: format!("[{}]", bodies.join(",")),
+                at_ms: crate::node::now_ms(),
+                kind: TxnKind::Commit,
+            };
+            groups.push((g, entry));
+        }
+        if groups.len() == 1 && prepare.is_none() {
+            let (g, entry) = groups.pop().expect("one group");
+            let (index, _) = propose(&g, entry).await?;
+            // The transaction commits locally now. Transactions it conflicts with committed
+            // before it took their locks; the others commute, so followers applying in log
+            // order reach the same rows whatever order they commit in here.
+            return Ok(Some(vec![(g.range_id, index)]));
+        }
+        self.replicate_prepared(groups, &txn.txn_id, prepare)
+            .await
+            .map(Some)
+    }
+
+    /// The leader's checks before a write to `range_id`: this node leads it (waiting for a
+    /// leader while a new range or an election settles) and serves writes for transactions
+    /// that began at `txn_start_ms`.
+    async fn lead_for_write(
+        &self,
+        range_id: u64,
+        targets: &[(TableRef, Option<String>)],
+        txn_start_ms: u64,
+    ) -> Result<Arc<Group>, WriteError> {
+        let recorded = self.meta.read(|s| s.lease(range_id).map(|l| l.holder));
+        let not_here = |why: &str, holder: Option<u64>| {
             WriteError::Unsupported {
-            message: format!("{why}: range {range_id} of table {} is leased by node {}", write_target(&targets), holder.map_or("(none yet)".into(), |h| h.to_string())),
+            message: format!("{why}: range {range_id} of table {} is leased by node {}", write_target(targets), holder.or(recorded).map_or("(none yet)".into(), |h| h.to_string())),
             hint: "Retry the transaction: statements are routed to the leaseholder, which may have just moved; COPY and TRUNCATE run only on the leaseholder's node.".into(),
         }
         };
         let Some(g) = self.group(range_id) else {
-            return Err(not_here("this node holds no replica"));
+            return Err(not_here("this node holds no replica", None));
         };
         // Wait for a leader (a new range, or an election under way).
         let deadline = Instant::now() + WRITE_TIMEOUT;
@@ -556,7 +649,7 @@ impl Ranges {
             let m = g.raft.metrics().borrow().clone();
             match m.current_leader {
                 Some(l) if l == self.me => break,
-                Some(_) => return Err(not_here("this node is not the leaseholder")),
+                Some(l) => return Err(not_here("this node is not the leaseholder", Some(l))),
                 None if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
@@ -568,7 +661,7 @@ impl Ranges {
             }
         }
         if g.leading().is_none() {
-            return Err(not_here("this node is no longer the leaseholder"));
+            return Err(not_here("this node is no longer the leaseholder", None));
         }
         // A new leader serves once its applier passes the fence: usually within milliseconds.
         let mut since = g.serving_since.load(Ordering::SeqCst);
@@ -581,31 +674,17 @@ impl Ranges {
                 "range {range_id} changed leaseholder or has a write of unknown outcome since this transaction began; its reads may miss committed writes"
             )));
         }
-        let started = Instant::now();
-        let resp = match tokio::time::timeout(WRITE_TIMEOUT, g.raft.client_write(write)).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) if e.forward_to_leader().is_some() => {
-                return Err(not_here("this node lost the lease"))
-            }
-            Ok(Err(e)) => {
-                g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
-                return Err(WriteError::Ambiguous(e.to_string()));
-            }
-            Err(_) => {
-                g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
-                return Err(WriteError::Ambiguous(format!(
-                    "no quorum of range {range_id}'s voters confirmed the write within {WRITE_TIMEOUT:?}"
-                )));
-            }
-        };
-        let index = resp.log_id.index;
-        if started.elapsed() > Duration::from_secs(1) {
-            tracing::warn!(range_id, index, took = ?started.elapsed(), "a slow replicated write");
-        }
-        // The transaction commits locally now. Transactions it conflicts with committed
-        // before it took their locks; the others commute, so followers applying in log order
-        // reach the same rows whatever order they commit in here.
-        Ok(Some((range_id, index)))
+        Ok(g)
+    }
+
+    /// The range holding (table, partition) rows: the partition's, else the table's.
+    fn range_of(&self, t: &TableRef, p: &Option<String>) -> Option<u64> {
+        self.meta.read(|s| {
+            s.ranges()
+                .find(|r| &r.table == t && &r.partition == p)
+                .or_else(|| s.ranges().find(|r| &r.table == t && r.partition.is_none()))
+                .map(|r| r.range_id)
+        })
     }
 
     /// Whether row replication is on.

@@ -12,13 +12,13 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::types::{RangeConfig, RangeNode};
+use super::types::{RangeConfig, RangeNode, TxnKind};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
     SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, Durability, TableDefinition};
+use redb::{Database, Durability, ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
@@ -33,6 +33,10 @@ type AppliedState = (Option<LogId<u64>>, StoredMembership<u64, RangeNode>);
 
 const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("range_log");
 const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_meta");
+/// Two-phase commit decisions this node knows, by transaction (1 commit, 0 abort): from
+/// `Decide` entries of anchor ranges it holds (the first per transaction), and from anchors'
+/// leaseholders asked by the applier.
+const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions");
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const APPLIED: &str = "applied";
@@ -45,6 +49,7 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<Database>> {
     let tx = db.begin_write()?;
     tx.open_table(LOG)?;
     tx.open_table(META)?;
+    tx.open_table(DECISIONS)?;
     tx.commit()?;
     Ok(Arc::new(db))
 }
@@ -98,6 +103,31 @@ pub fn read_entries(
         out.push(serde_json::from_slice(v.value()).expect("log entries decode"));
     }
     Ok(out)
+}
+
+/// The decision recorded here for two-phase commit `gid`, if any.
+pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
+    let tx = db.begin_read()?;
+    let t = tx.open_table(DECISIONS)?;
+    Ok(t.get(gid)?.map(|v| v.value() == 1))
+}
+
+/// Records `gid`'s decision as learned from its anchor's leaseholder (unless one is known).
+pub fn learn_decision(db: &Database, gid: &str, commit: bool) -> Result<bool, redb::Error> {
+    let tx = db.begin_write()?;
+    let decided = {
+        let mut t = tx.open_table(DECISIONS)?;
+        let known = t.get(gid)?.map(|v| v.value() == 1);
+        match known {
+            Some(d) => d,
+            None => {
+                t.insert(gid, u8::from(commit))?;
+                commit
+            }
+        }
+    };
+    tx.commit()?;
+    Ok(decided)
 }
 
 /// Whether `range`'s log holds a transaction's rows at or below `to` (stops at the first).
@@ -304,27 +334,59 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         Ok((a.last, a.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, SErr>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Option<bool>>, SErr>
     where
         I: IntoIterator<Item = Entry<RangeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut out = Vec::new();
+        let mut decides = Vec::new();
         let record = {
             let mut a = self.applied.lock().expect("applied lock");
             for e in entries {
                 a.last = Some(e.log_id);
-                if let EntryPayload::Membership(m) = e.payload {
-                    a.membership = StoredMembership::new(Some(e.log_id), m);
+                match e.payload {
+                    EntryPayload::Membership(m) => {
+                        a.membership = StoredMembership::new(Some(e.log_id), m);
+                    }
+                    EntryPayload::Normal(w) => {
+                        if let TxnKind::Decide { gid, commit } = w.kind {
+                            decides.push((out.len(), gid, commit));
+                        }
+                    }
+                    EntryPayload::Blank => {}
                 }
-                out.push(());
+                out.push(None);
             }
             (a.last, a.membership.clone())
         };
         // Not fsynced: after a crash openraft hands the entries after an older mark again,
-        // which only re-announces them; the applier's own cursor is in PostgreSQL.
-        put(&self.db, self.range, APPLIED, &record, false)
-            .map_err(|e| io(e, StorageIOError::write))?;
+        // which only re-announces them (and finds the same first decisions); the applier's
+        // own cursor is in PostgreSQL.
+        let bytes = serde_json::to_vec(&record).expect("storage records serialize");
+        let mut write = || -> Result<(), redb::Error> {
+            let mut tx = self.db.begin_write()?;
+            tx.set_durability(Durability::Eventual);
+            tx.open_table(META)?
+                .insert((self.range, APPLIED), bytes.as_slice())?;
+            {
+                let mut t = tx.open_table(DECISIONS)?;
+                for (i, gid, commit) in &decides {
+                    let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
+                    let decided = match known {
+                        Some(d) => d,
+                        None => {
+                            t.insert(gid.as_str(), u8::from(*commit))?;
+                            *commit
+                        }
+                    };
+                    out[*i] = Some(decided);
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        };
+        write().map_err(|e| io(e, StorageIOError::write))?;
         self.committed.send_replace(record.0.map_or(0, |l| l.index));
         Ok(out)
     }

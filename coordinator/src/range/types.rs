@@ -22,14 +22,42 @@ pub struct TxnWrite {
     pub changes: String,
     /// The proposer's wall clock (Unix ms); room for the HLC timestamp of the next issue.
     pub at_ms: u64,
+    /// How the entry's rows take effect.
+    #[serde(default)]
+    pub kind: TxnKind,
+}
+
+/// How an entry's rows take effect. A transaction over one range is one `Commit` entry. A
+/// transaction over several ranges (two-phase commit) writes a `Prepare` entry with its rows
+/// into each, and its decision as a `Decide` entry into one of them, the anchor: the first
+/// `Decide` for a transaction in the anchor's log is its decision, whoever proposed it (the
+/// coordinator deciding commit, or anyone deciding abort for a coordinator that went
+/// silent). A `Prepare` entry's rows are applied at its place in the log once the decision
+/// is known: the transaction held its row locks from before the entry was proposed until
+/// after the decision, so no entry after it touches the same rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnKind {
+    #[default]
+    Commit,
+    Prepare {
+        anchor: u64,
+        gid: String,
+    },
+    /// No rows: the decision for `gid` (recorded per node as the state machine applies it).
+    Decide {
+        gid: String,
+        commit: bool,
+    },
 }
 
 openraft::declare_raft_types!(
-    /// Range logs carry [`TxnWrite`]s; the state machine's answer is empty (the writer
+    /// Range logs carry [`TxnWrite`]s; the state machine answers a `Decide` entry with the
+    /// transaction's decision (the first in the log), anything else with `None` (the writer
     /// learns its entry's index from the log id).
     pub RangeConfig:
         D = TxnWrite,
-        R = (),
+        R = Option<bool>,
         NodeId = u64,
         Node = RangeNode,
         SnapshotData = Cursor<Vec<u8>>,

@@ -88,20 +88,41 @@ pub enum LocalRequest {
     /// Each range replica's Raft and apply progress, from every live node:
     /// [`LocalResponse::RangeProgress`].
     RangeProgress,
-    /// Replicates a transaction's row changes through their range's Raft group before the
-    /// transaction commits here: [`LocalResponse::Replicated`] once a quorum has them and
-    /// this node has applied every earlier entry, [`LocalResponse::NotReplicated`] when
-    /// replication is off or the tables are not replicated, else an error.
+    /// Replicates a transaction's row changes through their ranges' Raft groups before the
+    /// transaction commits here: [`LocalResponse::Replicated`] once a quorum of each range has
+    /// them, [`LocalResponse::NotReplicated`] when replication is off or the tables are not
+    /// replicated, else an error. Changes to one range are one entry that commits with it;
+    /// changes to several ranges (all leased here) commit atomically by two-phase commit
+    /// through the ranges' logs. With `prepare`, this transaction is a participant of another
+    /// node's two-phase commit: its entries are only prepared, and the decision is made at
+    /// range `anchor`.
     ReplicateTxn {
         database: String,
-        /// Every (table, REGIONAL BY ROW partition) written.
-        targets: Vec<(TableRef, Option<String>)>,
+        /// The changes to each (table, REGIONAL BY ROW partition) written.
+        writes: Vec<TargetWrite>,
         txn_id: String,
         schema_version: u64,
         /// When the transaction began (Unix ms).
         txn_start_ms: u64,
-        /// The changes, as the extension's JSON (opaque to pgmr).
-        changes: String,
+        #[serde(default)]
+        prepare: Option<PrepareAs>,
+    },
+    /// Commits a transaction that ran statements on other nodes (its sessions there) and
+    /// perhaps wrote rows here (`local`): two-phase commit, coordinated by this node's pgmr.
+    /// Every participant prepares (the sessions' `PREPARE TRANSACTION`, this backend's
+    /// changes as prepared entries), the decision is made durable in range `anchor`'s log,
+    /// the sessions' prepared transactions are committed, and then [`LocalResponse::Replicated`]
+    /// tells the backend to commit its own part. Any failure before the decision aborts
+    /// everywhere.
+    CommitDistributed {
+        database: String,
+        /// The transaction's decision key (this backend's transaction id).
+        gid: String,
+        backend_pid: i32,
+        participants: Vec<Participant>,
+        /// This backend's own changes, if it wrote rows.
+        #[serde(default)]
+        local: Option<LocalWrite>,
     },
     /// A transaction whose changes were replicated as entry `index` of `range_id` did not
     /// commit here: the range is fenced until the applier has caught up past it.
@@ -143,6 +164,72 @@ pub enum LocalRequest {
         node_id: u64,
         request: ForwardRequest,
     },
+}
+
+/// The changes a transaction made to one (table, REGIONAL BY ROW partition).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetWrite {
+    pub table: TableRef,
+    pub partition: Option<String>,
+    /// The changes, as the extension's JSON array (opaque to pgmr).
+    pub changes: String,
+}
+
+/// A remote part of a transaction: its session on `node_id`, and the savepoint operations
+/// still to be applied there before it prepares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Participant {
+    pub node_id: u64,
+    pub session: String,
+    #[serde(default)]
+    pub savepoints: Vec<SavepointOp>,
+}
+
+/// A coordinating backend's own changes in a two-phase commit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LocalWrite {
+    pub writes: Vec<TargetWrite>,
+    pub txn_id: String,
+    pub schema_version: u64,
+    pub txn_start_ms: u64,
+}
+
+/// A participant's part in another node's two-phase commit: prepare only; the decision is
+/// the first one recorded for `gid` in range `anchor`'s log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrepareAs {
+    pub anchor: u64,
+    pub gid: String,
+}
+
+impl PrepareAs {
+    /// The name of the participant's prepared PostgreSQL transaction.
+    pub fn prepared_name(&self) -> String {
+        format!("mr:{}:{}", self.anchor, self.gid)
+    }
+
+    /// Reads [`Self::prepared_name`] back (`None` for other prepared transactions).
+    pub fn from_prepared_name(name: &str) -> Option<PrepareAs> {
+        let rest = name.strip_prefix("mr:")?;
+        let (anchor, gid) = rest.split_once(':')?;
+        Some(PrepareAs {
+            anchor: anchor.parse().ok()?,
+            gid: gid.to_string(),
+        })
+    }
+
+    /// The setting value that tells a participant backend its part (`anchor:gid`).
+    pub fn setting(&self) -> String {
+        format!("{}:{}", self.anchor, self.gid)
+    }
+
+    pub fn from_setting(v: &str) -> Option<PrepareAs> {
+        let (anchor, gid) = v.split_once(':')?;
+        Some(PrepareAs {
+            anchor: anchor.parse().ok()?,
+            gid: gid.to_string(),
+        })
+    }
 }
 
 /// One step of a transaction that runs on another node (its leaseholder), in a session that
@@ -227,11 +314,13 @@ pub struct ForwardStatement {
     pub params: Vec<(String, Option<String>)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Finish {
     Commit,
     Rollback,
+    /// `PREPARE TRANSACTION` as a participant of the origin's two-phase commit.
+    Prepare(PrepareAs),
 }
 
 /// Where a range's statements run, as `Route` answers.
@@ -330,9 +419,9 @@ pub enum LocalResponse {
     RangeProgress {
         replicas: Vec<RangeProgress>,
     },
+    /// The (range, log index) of each entry the transaction's changes became.
     Replicated {
-        range_id: u64,
-        index: u64,
+        entries: Vec<(u64, u64)>,
     },
     NotReplicated,
     /// The barrier is passed; `enabled: false` when row replication is off (the caller may

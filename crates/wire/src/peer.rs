@@ -84,6 +84,23 @@ pub enum PeerRequest {
     /// The calling node's forwarded sessions that are still in use: the others of that node
     /// are rolled back.
     ExecKeepalive { sessions: Vec<String> },
+    /// The decision of a two-phase commit whose decision is recorded in range `anchor` (asked
+    /// of its leaseholder): [`PeerResponse::TxnDecision`] or [`PeerResponse::NotLeader`]. With
+    /// `propose`, an undecided transaction is decided so first (the first decision in the
+    /// anchor's log wins): the coordinator proposes commit, anyone else abort, so a
+    /// coordinator that died cannot leave participants waiting.
+    TxnDecision {
+        anchor: u64,
+        gid: String,
+        propose: Option<bool>,
+    },
+    /// Commits (or rolls back) this node's prepared transaction `name` in `database`, after
+    /// the decision: [`PeerResponse::Exec`] with `Done`, or an error.
+    FinishPrepared {
+        database: String,
+        name: String,
+        commit: bool,
+    },
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -137,6 +154,8 @@ pub enum PeerResponse {
     Exec {
         response: Box<crate::local::LocalResponse>,
     },
+    /// A two-phase commit's decision (`None`: not decided yet).
+    TxnDecision { decision: Option<bool> },
     Error {
         message: String,
         retryable: bool,

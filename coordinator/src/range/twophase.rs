@@ -1,0 +1,514 @@
+//! Two-phase commit through the ranges' logs (ARCHITECTURE.md §8.5).
+//!
+//! A transaction over several ranges writes a `Prepare` entry with its rows into each of them
+//! and then its decision, a `Decide` entry, into one range, the anchor: the first `Decide` for
+//! a transaction in the anchor's log is its decision, whoever proposed it. The coordinator
+//! proposes commit once every participant has prepared; anyone may propose abort for a
+//! transaction whose coordinator went silent (a participant's applier waiting on its
+//! `Prepare` entry, or the sweep of prepared PostgreSQL transactions), and the log orders the
+//! two. So a transaction is decided exactly once, durably (a quorum of the anchor's voters
+//! holds the decision), and no participant waits on a dead coordinator for long.
+//!
+//! Participants are (a) the coordinating backend itself, whose changes to ranges this node
+//! leases are prepared entries while the backend holds its row locks, and (b) the
+//! transaction's sessions on other nodes (§9), which `PREPARE TRANSACTION` after their own
+//! backend wrote their prepared entries: PostgreSQL then keeps their locks across a crash,
+//! until `COMMIT PREPARED` or `ROLLBACK PREPARED` by the coordinator, the node's applier or
+//! the sweep, whichever learns the decision first.
+
+use super::{store, Group, Ranges, TxnKind, TxnMeta, TxnWrite, WriteError};
+use mr_wire::local::{
+    Finish, ForwardRequest, LocalResponse, LocalWrite, Participant, PrepareAs,
+};
+use mr_wire::peer::{PeerRequest, PeerResponse};
+use sqlx::postgres::PgConnection;
+use sqlx::{ConnectOptions, Connection, Row};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a decision is waited for before asking again or giving up.
+const DECIDE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A prepared PostgreSQL transaction older than this is resolved by the sweep: its
+/// coordinator decides within [`DECIDE_TIMEOUT`] of preparing, or not at all.
+pub const SWEEP_AFTER: Duration = Duration::from_secs(20);
+/// How long the commit phase waits for a participant before leaving it to the applier and
+/// the sweep there.
+const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Ranges {
+    /// Writes `groups`' entries as `Prepare` entries (in parallel) and, when coordinating
+    /// (`prepare` is `None`: every range is leased here), the decision into the lowest range.
+    pub(super) async fn replicate_prepared(
+        &self,
+        groups: Vec<(Arc<Group>, TxnWrite)>,
+        txn_id: &str,
+        prepare: Option<PrepareAs>,
+    ) -> Result<Vec<(u64, u64)>, WriteError> {
+        let coordinating = prepare.is_none();
+        let p = prepare.unwrap_or_else(|| PrepareAs {
+            anchor: groups
+                .iter()
+                .map(|(g, _)| g.range_id)
+                .min()
+                .expect("at least one range"),
+            gid: txn_id.to_string(),
+        });
+        let proposals = groups.iter().map(|(g, e)| {
+            let mut e = e.clone();
+            e.kind = TxnKind::Prepare {
+                anchor: p.anchor,
+                gid: p.gid.clone(),
+            };
+            super::propose(g, e)
+        });
+        let results = futures::future::join_all(proposals).await;
+        let mut entries = Vec::new();
+        let mut failure: Option<WriteError> = None;
+        for ((g, _), r) in groups.iter().zip(results) {
+            match r {
+                Ok((index, _)) => entries.push((g.range_id, index)),
+                // An ambiguous failure says more than a plain one.
+                Err(e) => {
+                    if failure.is_none() || matches!(e, WriteError::Ambiguous(_)) {
+                        failure = Some(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = failure {
+            if !coordinating || entries.is_empty() && !matches!(e, WriteError::Ambiguous(_)) {
+                return Err(e);
+            }
+            // Decide abort at once, so that no applier waits for the prepared entries; once
+            // that decision stands the outcome is known, whatever the proposals did.
+            return match self.decide(p.anchor, &p.gid, Some(false)).await {
+                Ok(Some(false)) => Err(match e {
+                    WriteError::Ambiguous(m) => WriteError::Retryable(m),
+                    other => other,
+                }),
+                _ => Err(e),
+            };
+        }
+        let ranges: Vec<Arc<Group>> = groups.iter().map(|(g, _)| g.clone()).collect();
+        tokio::spawn(spread_decision(ranges, self.db.clone(), p.clone()));
+        if !coordinating {
+            return Ok(entries);
+        }
+        match self.decide(p.anchor, &p.gid, Some(true)).await {
+            Ok(Some(true)) => Ok(entries),
+            Ok(_) => Err(WriteError::Retryable(format!(
+                "transaction {} was decided aborted while it prepared (its coordinator seemed gone)",
+                p.gid
+            ))),
+            Err(e) => {
+                // The decision may still commit: then every replica applies the entries,
+                // this one included, and the ranges must not serve writes until it has.
+                for (g, _) in &groups {
+                    g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
+                }
+                Err(WriteError::Ambiguous(e))
+            }
+        }
+    }
+
+    /// The decision for `gid`, recorded in range `anchor`: as this node knows it, else from
+    /// the anchor's leaseholder, which first records `propose` if the transaction is not
+    /// decided yet. `Ok(None)`: not decided (only when `propose` is `None`).
+    pub(super) async fn decide(
+        &self,
+        anchor: u64,
+        gid: &str,
+        propose: Option<bool>,
+    ) -> Result<Option<bool>, String> {
+        if let Ok(Some(d)) = store::decision(&self.db, gid) {
+            return Ok(Some(d));
+        }
+        let deadline = Instant::now() + DECIDE_TIMEOUT;
+        let mut last_error = String::from("no leaseholder known");
+        loop {
+            let local = self.group(anchor);
+            if let Some(g) = local.as_ref().filter(|g| g.leading().is_some()) {
+                match self.decide_here(g, gid, propose).await {
+                    Ok(d) => return Ok(d),
+                    Err(e) => last_error = e,
+                }
+            } else {
+                let leader = local
+                    .as_ref()
+                    .and_then(|g| g.raft.metrics().borrow().current_leader)
+                    .filter(|&l| l != self.me)
+                    .or_else(|| self.meta.read(|s| s.lease(anchor).map(|l| l.holder)))
+                    .filter(|&l| l != self.me);
+                let addr = leader.and_then(|l| {
+                    self.meta.read(|s| {
+                        s.nodes()
+                            .find(|n| n.node_id == l)
+                            .map(|n| n.rpc_addr.clone())
+                    })
+                });
+                if let Some(addr) = addr {
+                    let req = PeerRequest::TxnDecision {
+                        anchor,
+                        gid: gid.to_string(),
+                        propose,
+                    };
+                    match self.transport.call(&addr, req, DECIDE_TIMEOUT).await {
+                        Ok(PeerResponse::TxnDecision { decision }) => {
+                            if let Some(d) = decision {
+                                let _ = store::learn_decision(&self.db, gid, d);
+                            }
+                            return Ok(decision);
+                        }
+                        Ok(PeerResponse::Error { message, .. }) => last_error = message,
+                        Ok(_) => last_error = format!("node {leader:?} does not lead range {anchor}"),
+                        Err(e) => last_error = e.to_string(),
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the decision of transaction {gid} (recorded in range {anchor}) is not known: {last_error}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// [`Self::decide`] on the anchor's leader.
+    async fn decide_here(
+        &self,
+        g: &Group,
+        gid: &str,
+        propose: Option<bool>,
+    ) -> Result<Option<bool>, String> {
+        let Some(commit) = propose else {
+            return store::decision(&self.db, gid).map_err(|e| e.to_string());
+        };
+        let entry = TxnWrite {
+            txn_id: gid.to_string(),
+            origin: self.me,
+            schema_version: 0,
+            changes: "[]".into(),
+            at_ms: crate::node::now_ms(),
+            kind: TxnKind::Decide {
+                gid: gid.to_string(),
+                commit,
+            },
+        };
+        match super::propose(g, entry).await {
+            Ok((_, decision)) => Ok(decision),
+            Err(WriteError::Retryable(m) | WriteError::Ambiguous(m)) => Err(m),
+            Err(WriteError::Unsupported { message, .. }) => Err(message),
+        }
+    }
+
+    /// A peer asks for (or proposes) a decision recorded in a range this node may lead.
+    pub async fn serve_decision(&self, anchor: u64, gid: String, propose: Option<bool>) -> PeerResponse {
+        match self.group(anchor) {
+            Some(g) if g.leading().is_some() => match self.decide_here(&g, &gid, propose).await {
+                Ok(decision) => PeerResponse::TxnDecision { decision },
+                Err(message) => PeerResponse::Error {
+                    message,
+                    retryable: true,
+                },
+            },
+            g => PeerResponse::NotLeader {
+                leader_id: g.and_then(|g| g.raft.metrics().borrow().current_leader),
+                leader_addr: None,
+            },
+        }
+    }
+
+    /// Commits a transaction with parts on other nodes (the coordinator, on the origin
+    /// node): see [`mr_wire::local::LocalRequest::CommitDistributed`].
+    pub async fn commit_distributed(
+        &self,
+        database: String,
+        gid: String,
+        backend_pid: i32,
+        participants: Vec<Participant>,
+        local: Option<LocalWrite>,
+    ) -> LocalResponse {
+        let Some(anchor) = self.choose_anchor(local.as_ref(), &participants) else {
+            return LocalResponse::Error {
+                message: "no range leaseholder is known to record the transaction's decision"
+                    .into(),
+                retryable: true,
+                ambiguous: false,
+            };
+        };
+        let p = PrepareAs {
+            anchor,
+            gid: gid.clone(),
+        };
+        // Phase one: every part prepares, in parallel.
+        let local_prepare = async {
+            match local {
+                Some(w) => {
+                    let meta = TxnMeta {
+                        txn_id: w.txn_id,
+                        schema_version: w.schema_version,
+                        start_ms: w.txn_start_ms,
+                    };
+                    self.replicate(database.clone(), w.writes, meta, Some(p.clone()))
+                        .await
+                }
+                None => Ok(None),
+            }
+        };
+        let remote_prepares = futures::future::join_all(participants.iter().map(|part| {
+            let req = ForwardRequest {
+                session: part.session.clone(),
+                backend_pid,
+                begin: None,
+                savepoints: part.savepoints.clone(),
+                statement: None,
+                finish: Some(Finish::Prepare(p.clone())),
+            };
+            self.forward(part.node_id, req)
+        }));
+        let (local_result, remote_results) = tokio::join!(local_prepare, remote_prepares);
+        let mut failure: Option<LocalResponse> = None;
+        let mut prepared = Vec::new();
+        for (part, r) in participants.iter().zip(remote_results) {
+            match r {
+                LocalResponse::Forwarded { .. } => prepared.push(part.node_id),
+                other => {
+                    failure.get_or_insert(other);
+                }
+            }
+        }
+        let entries = match local_result {
+            Ok(e) => e.unwrap_or_default(),
+            Err(e) => {
+                failure = Some(super::write_error(e));
+                Vec::new()
+            }
+        };
+        if let Some(failure) = failure {
+            // Nothing is decided: decide abort, so that no part waits, and roll back the
+            // prepared ones (their appliers and the sweep would, too).
+            let decided = self.decide(anchor, &gid, Some(false)).await;
+            if decided != Ok(Some(false)) {
+                tracing::warn!(gid, ?decided, "could not record the abort of a failed two-phase commit; the parts resolve it later");
+            }
+            self.finish_parts(&database, &p, &prepared, false, false).await;
+            return failure;
+        }
+        // Phase two: the decision, then the parts' commits.
+        match self.decide(anchor, &gid, Some(true)).await {
+            Ok(Some(true)) => {
+                let nodes: Vec<u64> = participants.iter().map(|x| x.node_id).collect();
+                self.finish_parts(&database, &p, &nodes, true, true).await;
+                LocalResponse::Replicated { entries }
+            }
+            Ok(_) => {
+                self.finish_parts(&database, &p, &prepared, false, false).await;
+                LocalResponse::Error {
+                    message: format!("transaction {gid} was decided aborted while it prepared (its coordinator seemed gone)"),
+                    retryable: true,
+                    ambiguous: false,
+                }
+            }
+            Err(e) => {
+                for &(range_id, index) in &entries {
+                    self.abandon(range_id, index);
+                }
+                LocalResponse::Error {
+                    message: e,
+                    retryable: false,
+                    ambiguous: true,
+                }
+            }
+        }
+    }
+
+    /// The range that records a distributed transaction's decision: one this node leads if
+    /// possible (its Raft round is then local), preferring one the transaction writes; else
+    /// one leased by the first participant.
+    fn choose_anchor(&self, local: Option<&LocalWrite>, participants: &[Participant]) -> Option<u64> {
+        let led_here = |r: &u64| self.group(*r).is_some_and(|g| g.leading().is_some());
+        if let Some(w) = local {
+            let written = w
+                .writes
+                .iter()
+                .filter_map(|t| self.range_of(&t.table, &t.partition))
+                .filter(led_here)
+                .min();
+            if written.is_some() {
+                return written;
+            }
+        }
+        if let Some(r) = self.groups().iter().map(|g| g.range_id).find(led_here) {
+            return Some(r);
+        }
+        let first = participants.first()?.node_id;
+        self.meta.read(|s| {
+            s.ranges()
+                .map(|r| r.range_id)
+                .find(|&r| s.lease(r).is_some_and(|l| l.holder == first))
+        })
+    }
+
+    /// Commits (or rolls back) the parts' prepared transactions on `nodes`, in parallel.
+    /// `wait`: the answer waits for them (a commit is acknowledged only once every part's
+    /// rows are visible there); a part that does not answer in time is left to its applier
+    /// and the sweep. Otherwise they are sent in the background.
+    async fn finish_parts(&self, database: &str, p: &PrepareAs, nodes: &[u64], commit: bool, wait: bool) {
+        let calls: Vec<_> = nodes
+            .iter()
+            .filter_map(|&n| {
+                let addr = self.meta.read(|s| {
+                    s.nodes()
+                        .find(|x| x.node_id == n)
+                        .map(|x| x.rpc_addr.clone())
+                })?;
+                let req = PeerRequest::FinishPrepared {
+                    database: database.to_string(),
+                    name: p.prepared_name(),
+                    commit,
+                };
+                let transport = self.transport.clone();
+                Some(async move {
+                    let r = transport.call(&addr, req, FINISH_TIMEOUT).await;
+                    if !matches!(r, Ok(PeerResponse::Exec { .. })) {
+                        tracing::warn!(node = n, commit, ?r, "a part of a two-phase commit did not confirm its end; its applier and the sweep there finish it");
+                    }
+                })
+            })
+            .collect();
+        let all = futures::future::join_all(calls);
+        if wait {
+            all.await;
+        } else {
+            tokio::spawn(all);
+        }
+    }
+
+    /// Ends prepared transaction `name` in `database` on this node (a part of another
+    /// node's two-phase commit). One already ended is not an error.
+    pub async fn serve_finish_prepared(&self, database: String, name: String, commit: bool) -> PeerResponse {
+        match self.finish_prepared(&database, &name, commit).await {
+            Ok(()) => PeerResponse::Exec {
+                response: Box::new(LocalResponse::Done),
+            },
+            Err(message) => PeerResponse::Error {
+                message,
+                retryable: true,
+            },
+        }
+    }
+
+    async fn finish_prepared(&self, database: &str, name: &str, commit: bool) -> Result<(), String> {
+        if let Some(p) = PrepareAs::from_prepared_name(name) {
+            let _ = store::learn_decision(&self.db, &p.gid, commit);
+        }
+        let mut conn = self
+            .pg_cfg
+            .connect_options(database)
+            .application_name("pgmr two-phase commit")
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = finish_prepared_on(&mut conn, name, commit).await;
+        let _ = conn.close().await;
+        r
+    }
+
+    /// Resolves this node's prepared transactions older than [`SWEEP_AFTER`] (their
+    /// coordinator died or lost them): asks each one's anchor for the decision, proposing
+    /// abort if there is none, and ends it accordingly.
+    pub(super) async fn sweep_prepared(&self) {
+        if self.pg.ready_pid().is_none() {
+            return;
+        }
+        let Ok(mut conn) = self
+            .pg_cfg
+            .connect_options("postgres")
+            .application_name("pgmr two-phase commit")
+            .connect()
+            .await
+        else {
+            return;
+        };
+        let stale = sqlx::query(
+            "SELECT gid, database::text FROM pg_catalog.pg_prepared_xacts \
+             WHERE gid LIKE 'mr:%' AND prepared < pg_catalog.now() - make_interval(secs => $1)",
+        )
+        .bind(SWEEP_AFTER.as_secs_f64())
+        .fetch_all(&mut conn)
+        .await
+        .unwrap_or_default();
+        let _ = conn.close().await;
+        for row in stale {
+            let (Ok(name), Ok(database)) = (row.try_get::<String, _>(0), row.try_get::<String, _>(1))
+            else {
+                continue;
+            };
+            let Some(p) = PrepareAs::from_prepared_name(&name) else {
+                continue;
+            };
+            match self.decide(p.anchor, &p.gid, Some(false)).await {
+                Ok(Some(commit)) => {
+                    tracing::info!(name, commit, "resolved a prepared transaction left by its coordinator");
+                    if let Err(e) = self.finish_prepared(&database, &name, commit).await {
+                        tracing::warn!(name, "could not end a prepared transaction: {e}");
+                    }
+                }
+                other => tracing::debug!(name, ?other, "a prepared transaction's decision is not known yet"),
+            }
+        }
+    }
+}
+
+/// Once `p`'s decision is known here, copies it into the other ranges the transaction
+/// prepared in on this node (a `Decide` entry there records the same first decision), so
+/// that their replicas' appliers learn it from their own log instead of asking the anchor.
+async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: PrepareAs) {
+    let until = Instant::now() + SWEEP_AFTER;
+    let commit = loop {
+        if let Ok(Some(d)) = store::decision(&db, &p.gid) {
+            break d;
+        }
+        if Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    for g in groups.iter().filter(|g| g.range_id != p.anchor) {
+        if g.leading().is_none() {
+            continue;
+        }
+        let entry = TxnWrite {
+            txn_id: p.gid.clone(),
+            origin: 0,
+            schema_version: 0,
+            changes: "[]".into(),
+            at_ms: crate::node::now_ms(),
+            kind: TxnKind::Decide {
+                gid: p.gid.clone(),
+                commit,
+            },
+        };
+        if let Err(WriteError::Ambiguous(e) | WriteError::Retryable(e)) = super::propose(g, entry).await {
+            tracing::debug!(range_id = g.range_id, gid = p.gid, "could not copy a decision: {e}");
+        }
+    }
+}
+
+/// `COMMIT PREPARED` or `ROLLBACK PREPARED` of `name` on `conn` (in its database); one that
+/// no longer exists (ended by someone else) is fine.
+pub async fn finish_prepared_on(conn: &mut PgConnection, name: &str, commit: bool) -> Result<(), String> {
+    let verb = if commit { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
+    let sql = format!("{verb} {}", quote_literal(name));
+    match sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42704") => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A SQL string literal (utility statements take no parameters).
+pub fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
