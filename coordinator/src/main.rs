@@ -7,6 +7,7 @@
 
 mod cli;
 mod demo;
+mod failpoint;
 mod gateway;
 mod identity;
 mod local;

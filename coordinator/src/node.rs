@@ -1285,9 +1285,9 @@ impl Handler for Node {
                 name,
                 commit,
             } => match self.ranges.get().cloned() {
-                Some(r) => Box::pin(async move {
-                    r.serve_finish_prepared(database, name, commit).await
-                }),
+                Some(r) => {
+                    Box::pin(async move { r.serve_finish_prepared(database, name, commit).await })
+                }
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::ExecKeepalive { sessions } => {

@@ -1103,3 +1103,399 @@ async fn bank_transfers_through_every_node_survive_a_leaseholder_kill() {
     );
     check_consistency(&nodes[1]);
 }
+
+const REGIONS: [&str; 3] = ["us-east1", "us-west1", "europe-west1"];
+
+/// Turns replication on and creates database `mr` with regions us-east1 (primary), us-west1
+/// and europe-west1, a REGIONAL BY ROW `accounts` (one partition, so one range and one
+/// leaseholder, per region: node N in region N) holding `per_region` accounts of 1000 per
+/// region, inserted through their region's node, and a REGIONAL BY TABLE `audit` (leased in
+/// us-east1) with a deferred unique constraint.
+async fn regional_bank(nodes: &[Node], per_region: i32) {
+    let mut c = nodes[0].sql().await;
+    exec(
+        &mut c,
+        "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
+    )
+    .await;
+    exec(&mut c, "CREATE DATABASE mr").await;
+    let mut m = eventually("database mr on node 1", Duration::from_secs(30), || {
+        connect(&nodes[0], "mr")
+    })
+    .await;
+    for sql in [
+        r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
+        r#"ALTER DATABASE mr ADD REGION "us-west1""#,
+        r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text NOT NULL DEFAULT '') LOCALITY REGIONAL BY ROW",
+    ] {
+        sqlx::query("SELECT multiregion.execute($1)")
+            .bind(sql)
+            .execute(&mut m)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    exec(
+        &mut m,
+        "CREATE TABLE audit (id int PRIMARY KEY, note text UNIQUE DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .await;
+    for (i, n) in nodes.iter().enumerate() {
+        let mut c = eventually("database mr", Duration::from_secs(30), || connect(n, "mr")).await;
+        let first = i as i32 * per_region + 1;
+        let insert = format!(
+            "INSERT INTO accounts (id, balance) SELECT g, 1000 FROM generate_series({first}, {}) g",
+            first + per_region - 1
+        );
+        // The partition's range and its first leader settle within seconds.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(e) = sqlx::raw_sql(&insert).execute(&mut c).await {
+            assert!(Instant::now() < deadline, "{insert}: {e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The region of account `id` in [`regional_bank`].
+fn region_of(id: i32, per_region: i32) -> &'static str {
+    REGIONS[((id - 1) / per_region) as usize]
+}
+
+/// Every account's (region, id, balance), as a node sees them.
+async fn balances(node: &Node) -> Vec<(String, i32, i64)> {
+    let mut c = connect(node, "mr").await.unwrap();
+    sqlx::query_as("SELECT crdb_region::text, id, balance FROM accounts ORDER BY id")
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+}
+
+/// Waits until every node reports the same balances, and returns them.
+async fn balances_converged(nodes: &[Node]) -> Vec<(String, i32, i64)> {
+    eventually(
+        "every node to report the same balances",
+        Duration::from_secs(60),
+        || async {
+            let first = balances(&nodes[0]).await;
+            for n in &nodes[1..] {
+                if balances(n).await != first {
+                    return None;
+                }
+            }
+            Some(first)
+        },
+    )
+    .await
+}
+
+/// Waits until no node holds a prepared transaction.
+async fn no_prepared_transactions(nodes: &[Node]) {
+    eventually(
+        "no prepared transaction left",
+        Duration::from_secs(90),
+        || async {
+            for n in nodes {
+                let mut c = connect(n, "mr").await?;
+                let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_prepared_xacts")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()?;
+                if left > 0 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await
+}
+
+/// One statement's text moving `amount` into (or out of) account `id`, naming its region so
+/// that it touches one partition.
+fn transfer_sql(id: i32, per_region: i32, amount: i64, tid: i64) -> String {
+    format!(
+        "UPDATE accounts SET balance = balance + ({amount}), note = note || ' {tid}' \
+         WHERE crdb_region = '{}' AND id = {id}",
+        region_of(id, per_region)
+    )
+}
+
+/// Transactions over the leaseholders of several regions commit atomically through any node:
+/// a transfer between two regions' rows through a third region's node, a transaction over
+/// two ranges of one node, a rollback, a part that fails to prepare (a deferred unique
+/// violation on another node aborts the whole transaction with its 23505), and a deadlock
+/// across two nodes, which the distributed lock timeout ends. Then concurrent transfers
+/// between random regions through every node keep the bank's total, every acknowledged
+/// transfer is on both of its accounts, and no prepared transaction is left anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_over_several_leaseholders_commit_atomically() {
+    let dir = scratch("data-2pc");
+    let nodes = start_cluster(dir.path(), 38, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 3;
+    regional_bank(&nodes, PER).await;
+    let mut c: Vec<PgConnection> = Vec::new();
+    for n in &nodes {
+        c.push(connect(n, "mr").await.unwrap());
+    }
+
+    // us-east1 → us-west1 through the europe-west1 node: both parts are remote.
+    exec(
+        &mut c[2],
+        &format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(1, PER, -100, 1),
+            transfer_sql(4, PER, 100, 1)
+        ),
+    )
+    .await;
+    // europe-west1 → us-east1 through the us-east1 node: one part here, one remote.
+    exec(
+        &mut c[0],
+        &format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(7, PER, -50, 2),
+            transfer_sql(1, PER, 50, 2)
+        ),
+    )
+    .await;
+    // Two ranges leased by one node (a partition and a table): one transaction.
+    exec(
+        &mut c[0],
+        &format!(
+            "BEGIN; {}; INSERT INTO audit VALUES (1, 'first'); COMMIT",
+            transfer_sql(2, PER, 0, 3)
+        ),
+    )
+    .await;
+    // A rollback leaves nothing anywhere.
+    exec(
+        &mut c[1],
+        &format!(
+            "BEGIN; {}; {}; ROLLBACK",
+            transfer_sql(4, PER, -500, 4),
+            transfer_sql(8, PER, 500, 4)
+        ),
+    )
+    .await;
+    let b = balances_converged(&nodes).await;
+    let balance = |id: i32| b.iter().find(|r| r.1 == id).unwrap().2;
+    assert_eq!(
+        (balance(1), balance(2), balance(4), balance(7), balance(8)),
+        (950, 1000, 1100, 950, 1000),
+        "{b:?}"
+    );
+    for n in &nodes {
+        let mut m = connect(n, "mr").await.unwrap();
+        let both: (i64, String) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM audit), (SELECT note FROM accounts WHERE id = 2)",
+        )
+        .fetch_one(&mut m)
+        .await
+        .unwrap();
+        assert_eq!(both, (1, " 3".to_string()), "{}", n.data_dir.display());
+    }
+
+    // A part that cannot prepare aborts every part: the us-west1 row written here is not
+    // changed anywhere, and the client sees the other node's 23505.
+    let err = sqlx::raw_sql(&format!(
+        "BEGIN; {}; INSERT INTO audit VALUES (2, 'first'); COMMIT",
+        transfer_sql(5, PER, -7, 5)
+    ))
+    .execute(&mut c[1])
+    .await
+    .expect_err("the deferred unique constraint fails at commit on node 1");
+    assert_eq!(code(&err), "23505", "{err}");
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut c[1]).await;
+
+    // A deadlock across two nodes ends within the distributed lock timeout.
+    let started = Instant::now();
+    let cross = |first: i32, second: i32, tid: i64| {
+        format!(
+            "BEGIN; {}; SELECT pg_sleep(0.5); {}; COMMIT",
+            transfer_sql(first, PER, -1, tid),
+            transfer_sql(second, PER, 1, tid)
+        )
+    };
+    let (c0, rest) = c.split_at_mut(1);
+    let (s1, s2) = (cross(3, 6, 6), cross(6, 3, 7));
+    let (r1, r2) = tokio::join!(
+        sqlx::raw_sql(&s1).execute(&mut c0[0]),
+        sqlx::raw_sql(&s2).execute(&mut rest[0]),
+    );
+    let failed: Vec<String> = [r1.err(), r2.err()].iter().flatten().map(code).collect();
+    assert!(
+        !failed.is_empty(),
+        "one of two deadlocked transactions fails"
+    );
+    assert!(failed.iter().all(|c| c == "55P03"), "{failed:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    for conn in c.iter_mut() {
+        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+    }
+    no_prepared_transactions(&nodes).await;
+    let total: i64 = balances_converged(&nodes).await.iter().map(|r| r.2).sum();
+    assert_eq!(total, 9 * 1000, "the bank's total changed");
+
+    // Concurrent transfers between random regions through every node.
+    let ports: Vec<u16> = nodes.iter().map(|n| n.pg_port).collect();
+    let until = Instant::now() + Duration::from_secs(20);
+    let clients: Vec<_> = (0..3u64)
+        .map(|i| {
+            let port = ports[i as usize];
+            tokio::spawn(region_bank_client(port, i, until))
+        })
+        .collect();
+    let (mut acked, mut unknown, mut refused) = (Vec::new(), Vec::new(), 0);
+    for cl in clients {
+        let (a, u, r) = cl.await.unwrap();
+        acked.extend(a);
+        unknown.extend(u);
+        refused += r;
+    }
+    no_prepared_transactions(&nodes).await;
+    let b = balances_converged(&nodes).await;
+    assert_eq!(
+        b.iter().map(|r| r.2).sum::<i64>(),
+        9 * 1000,
+        "the bank's total changed"
+    );
+    let mut m = connect(&nodes[0], "mr").await.unwrap();
+    let notes: Vec<String> = sqlx::query_scalar("SELECT note FROM accounts")
+        .fetch_all(&mut m)
+        .await
+        .unwrap();
+    let mut seen: std::collections::BTreeMap<i64, usize> = Default::default();
+    for n in &notes {
+        for t in n.split_whitespace() {
+            *seen.entry(t.parse().unwrap()).or_default() += 1;
+        }
+    }
+    for t in &acked {
+        assert_eq!(seen.get(t), Some(&2), "acknowledged transfer {t}");
+    }
+    // (Transfers below a million are the checks above: number 3 wrote one account.)
+    for (t, n) in seen.range(1_000_000..) {
+        assert_eq!(*n, 2, "transfer {t} applied on one account only");
+    }
+    assert!(
+        acked.len() >= 10,
+        "transfers made progress: {}",
+        acked.len()
+    );
+    eprintln!(
+        "2pc bank: {} transfers acknowledged, {} refused (lock timeouts), {} of unknown outcome",
+        acked.len(),
+        refused,
+        unknown.len()
+    );
+    check_consistency(&nodes[1]);
+}
+
+/// One client of the regional bank: transfers of 5 between random accounts of any region,
+/// each one simple-protocol transaction, through the node at `port` until `until`. Returns
+/// the transfers acknowledged, those of unknown outcome (40003), and how many were refused.
+async fn region_bank_client(port: u16, i: u64, until: Instant) -> (Vec<i64>, Vec<i64>, u32) {
+    const PER: i32 = 3;
+    let mut c = try_connect_db(port, "mr").await;
+    let mut seed = i * 7919 + 11;
+    let (mut acked, mut unknown, mut refused) = (Vec::new(), Vec::new(), 0u32);
+    let mut tid = (i as i64 + 1) * 1_000_000;
+    while Instant::now() < until {
+        seed = xorshift(seed);
+        let from = (seed % 9) as i32 + 1;
+        let to = ((seed / 9) % 8) as i32 + 1;
+        let to = if to >= from { to + 1 } else { to };
+        tid += 1;
+        let sql = format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(from, PER, -5, tid),
+            transfer_sql(to, PER, 5, tid)
+        );
+        let r = sqlx::Executor::execute(&mut c, sql.as_str()).await;
+        match r {
+            Ok(_) => acked.push(tid),
+            Err(e) => {
+                let code = code(&e);
+                if code == "40003" {
+                    unknown.push(tid);
+                } else {
+                    assert!(
+                        ["55P03", "40001", "40P01"].contains(&code.as_str()),
+                        "transfer {tid}: {e}"
+                    );
+                    refused += 1;
+                }
+                let _ = sqlx::Executor::execute(&mut c, "ROLLBACK").await;
+            }
+        }
+    }
+    (acked, unknown, refused)
+}
+
+async fn try_connect_db(port: u16, db: &str) -> PgConnection {
+    PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(port)
+        .username("postgres")
+        .database(db)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// The coordinator's node crashes (`PGMR_FAILPOINT`) between the parts' prepares and the
+/// decision, and then between the decision and the parts' commits: after it restarts, the
+/// first transaction is rolled back everywhere and the second committed everywhere (its own
+/// part from the anchor's log, the other node's prepared part by that node's applier or
+/// sweep); no prepared transaction is left, and the rows they locked are writable again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt() {
+    let dir = scratch("data-2pc-crash");
+    let mut nodes = start_cluster(dir.path(), 39, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 1;
+    regional_bank(&nodes, PER).await;
+    for (failpoint, tid, expect) in [
+        ("2pc-before-decide", 1, (1000, 1000)),
+        ("2pc-after-decide", 2, (990, 1010)),
+    ] {
+        nodes[0].crash();
+        nodes[0].restart_with_env(&[("PGMR_FAILPOINT", failpoint)]);
+        let mut c = eventually("node 1 back", Duration::from_secs(90), || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            sqlx::raw_sql(&transfer_sql(1, PER, 0, 0))
+                .execute(&mut c)
+                .await
+                .ok()?;
+            Some(c)
+        })
+        .await;
+        let err = sqlx::raw_sql(&format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(1, PER, -10, tid),
+            transfer_sql(2, PER, 10, tid)
+        ))
+        .execute(&mut c)
+        .await
+        .expect_err("the coordinator's pgmr dies during the commit");
+        assert_eq!(code(&err), "40003", "{failpoint}: {err}");
+        drop(c);
+        nodes[0].crash();
+        nodes[0].restart();
+        eventually("node 1 to serve SQL", Duration::from_secs(90), || {
+            try_connect(nodes[0].pg_port)
+        })
+        .await;
+        no_prepared_transactions(&nodes).await;
+        let b = balances_converged(&nodes).await;
+        assert_eq!((b[0].2, b[1].2), expect, "{failpoint}: {b:?}");
+        // The us-west1 row is not locked any more.
+        let mut w = connect(&nodes[1], "mr").await.unwrap();
+        exec(&mut w, "SET lock_timeout = '5s'").await;
+        exec(&mut w, &transfer_sql(2, PER, 0, 0)).await;
+    }
+    check_consistency(&nodes[2]);
+}

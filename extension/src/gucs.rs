@@ -33,6 +33,11 @@ static REPLICATE_DDL: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// writes the session's changes as prepared entries anchored there. Superuser-only.
 static PREPARE_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
+/// The lock timeout of statements in transactions with parts on several nodes: each
+/// PostgreSQL detects deadlocks among its own backends only, so a cycle of lock waits across
+/// nodes ends by this timeout (55P03) instead of never. 0 turns it off.
+static DISTRIBUTED_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
+
 /// Upper bound on one call to pgmr, so that a stuck pgmr cannot hang a backend.
 static SIDECAR_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
@@ -91,6 +96,17 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"multiregion.distributed_lock_timeout",
+        c"Lock timeout of statements in transactions with parts on several nodes.",
+        c"Ends deadlocks across nodes, which no single PostgreSQL can detect. A smaller \
+          lock_timeout of the session wins; 0 turns this off.",
+        &DISTRIBUTED_LOCK_TIMEOUT_MS,
+        0,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
     GucRegistry::define_string_guc(
         c"multiregion.prepare_as",
         c"Set by pgmr when a forwarded transaction prepares as part of a two-phase commit.",
@@ -100,6 +116,13 @@ pub fn init() {
         GucFlags::NO_SHOW_ALL,
     );
     reserve_prefix();
+}
+
+/// The lock timeout for a statement of a transaction with parts on several nodes, given the
+/// session's own (`current_ms`, 0 = none): `None` when the session's is already as short.
+pub fn distributed_lock_timeout(current_ms: i32) -> Option<u64> {
+    let d = DISTRIBUTED_LOCK_TIMEOUT_MS.get();
+    (d > 0 && (current_ms <= 0 || current_ms > d)).then_some(d as u64)
 }
 
 /// This transaction's part in another node's two-phase commit, if pgmr set one.

@@ -22,8 +22,8 @@
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, replication, sidecar};
 use mr_wire::local::{
-    Finish, ForwardBegin, ForwardRequest, ForwardStatement, Isolation, LocalRequest,
-    Participant, SavepointOp,
+    Finish, ForwardBegin, ForwardRequest, ForwardStatement, Isolation, LocalRequest, Participant,
+    SavepointOp,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -48,6 +48,8 @@ const FORWARDED_SETTINGS: &[&str] = &[
 /// A statement this backend runs on another node.
 struct Forwarded {
     node: u64,
+    /// Runs with this lock timeout there (the transaction has parts on several nodes).
+    lock_timeout_ms: Option<u64>,
     /// Its rows once it ran, and how many were handed to the destination.
     rows: Option<Vec<Vec<Option<String>>>>,
     next: usize,
@@ -79,6 +81,9 @@ thread_local! {
     /// Executor runs in progress: above zero, a statement is nested in another.
     static RUN_DEPTH: Cell<u32> = const { Cell::new(0) };
     static SESSION_SEQ: Cell<u64> = const { Cell::new(0) };
+    /// This transaction ran a write or locking statement on replicated tables here: it has
+    /// a part on this node (its row locks), even before it changed a row.
+    static LOCAL_PART: Cell<bool> = const { Cell::new(false) };
     static DATABASE: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
@@ -190,11 +195,16 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             }
             .raise();
         }
+        // A part on another node too: lock waits end (see `lock_timeout_for_parts`).
+        let several = LOCAL_PART.with(Cell::get)
+            || replication::has_local_changes()
+            || REMOTE.with(|r| r.borrow().iter().any(|x| x.node != node));
         FORWARDED.with(|f| {
             f.borrow_mut().insert(
                 key,
                 Forwarded {
                     node,
+                    lock_timeout_ms: several.then(lock_timeout_for_parts).flatten(),
                     rows: None,
                     next: 0,
                     processed: 0,
@@ -222,6 +232,16 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             if !write {
                 // SAFETY: as this function's contract.
                 unsafe { replication::fresh_snapshot(qd) };
+            } else {
+                LOCAL_PART.with(|l| l.set(true));
+                if has_remotes {
+                    if let Some(ms) = lock_timeout_for_parts() {
+                        crate::regions::spi::run_with(
+                            "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+                            vec![format!("{ms}ms").into()],
+                        );
+                    }
+                }
             }
         }
         Ok((true, Some(node))) => {
@@ -239,6 +259,15 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         }
         Err(e) => e.raise(),
     }
+}
+
+/// The lock timeout for statements of a transaction with parts on several nodes: no
+/// PostgreSQL sees a cycle of lock waits that spans nodes, so such waits end after
+/// `multiregion.distributed_lock_timeout` (unless the session's own lock_timeout is shorter).
+#[allow(unsafe_code)]
+fn lock_timeout_for_parts() -> Option<u64> {
+    // SAFETY: reads the lock_timeout setting's backing variable.
+    gucs::distributed_lock_timeout(unsafe { pg_sys::LockTimeout })
 }
 
 /// Whether this transaction runs statements on another node.
@@ -430,7 +459,12 @@ unsafe fn forward_statement(
     node: u64,
 ) -> Result<sidecar::ForwardedRows, MrError> {
     // SAFETY: as this function's contract.
-    let statement = unsafe { statement_of(qd) };
+    let mut statement = unsafe { statement_of(qd) };
+    statement.lock_timeout_ms = FORWARDED.with(|f| {
+        f.borrow()
+            .get(&(qd as *mut pg_sys::QueryDesc as usize))
+            .and_then(|x| x.lock_timeout_ms)
+    });
     let depth = RUN_DEPTH.with(Cell::get);
     // SAFETY: reads backend globals and the destination's kind.
     let autocommit = unsafe {
@@ -461,8 +495,7 @@ unsafe fn forward_statement(
         (req, None)
     } else {
         // One message when this statement is the whole transaction.
-        let autocommit =
-            autocommit && !is_pinned() && !replication::has_local_changes();
+        let autocommit = autocommit && !is_pinned() && !replication::has_local_changes();
         let session = new_session();
         let req = ForwardRequest {
             session: session.clone(),
@@ -553,7 +586,11 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
                 params.push((typ, value));
             }
         }
-        ForwardStatement { sql, params }
+        ForwardStatement {
+            sql,
+            params,
+            lock_timeout_ms: None,
+        }
     }
 }
 
@@ -692,6 +729,7 @@ pub fn pre_prepare() {
 pub fn at_end(aborted: bool) {
     FORWARDED.with(|f| f.borrow_mut().clear());
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
+    LOCAL_PART.with(|l| l.set(false));
     RUN_DEPTH.with(|d| d.set(0));
     for r in REMOTE.with(|r| std::mem::take(&mut *r.borrow_mut())) {
         if aborted {

@@ -62,7 +62,7 @@ const REPLICATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// the wait.
 pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
-    match call_local(&path, &req, REPLICATE_TIMEOUT, || true)? {
+    match call_local(&path, &req, REPLICATE_TIMEOUT, || true).map_err(lost_commit)? {
         LocalResponse::Replicated { entries } => Ok(Replication::Replicated { entries }),
         LocalResponse::NotReplicated => Ok(Replication::Off),
         other => Err(write_error("replicate_txn", other)),
@@ -77,7 +77,7 @@ const COMMIT_DISTRIBUTED_TIMEOUT: Duration = Duration::from_secs(660);
 /// interruptible, like [`replicate_txn`]: the decision may already stand.
 pub fn commit_distributed(req: LocalRequest) -> Result<Replication, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
-    match call_local(&path, &req, COMMIT_DISTRIBUTED_TIMEOUT, || true)? {
+    match call_local(&path, &req, COMMIT_DISTRIBUTED_TIMEOUT, || true).map_err(lost_commit)? {
         LocalResponse::Replicated { entries } => Ok(Replication::Replicated { entries }),
         other => Err(write_error("commit_distributed", other)),
     }
@@ -339,6 +339,22 @@ fn check_for_interrupts() {
     // SAFETY: pgrx's macro reads PostgreSQL's `InterruptPending` flag and calls the guarded
     // `ProcessInterrupts()`; we run on the backend's main thread, where both are meant to be used.
     pgrx::check_for_interrupts!();
+}
+
+/// A commit request whose answer was lost: it may have taken effect (40003).
+fn lost_commit(e: LocalCallError) -> MrError {
+    match e {
+        LocalCallError::Broken { path, source } => MrError::Ambiguous(format!(
+            "the connection to pgmr at {} broke before it answered: {source}",
+            path
+        )),
+        LocalCallError::Timeout { path, timeout } => MrError::Ambiguous(format!(
+            "pgmr at {} did not answer within {} ms",
+            path,
+            timeout.as_millis()
+        )),
+        other => other.into(),
+    }
 }
 
 impl From<LocalCallError> for MrError {

@@ -17,8 +17,6 @@
 
 use super::store;
 use super::{Group, Ranges, TxnKind};
-use std::sync::Weak;
-use std::time::Instant;
 use crate::postgres::{PgConfig, PgState};
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -27,7 +25,9 @@ use redb::Database;
 use sqlx::postgres::PgConnection;
 use sqlx::{ConnectOptions, Connection, Row};
 use std::sync::Arc;
+use std::sync::Weak;
 use std::time::Duration;
+use std::time::Instant;
 
 const APPLICATION_NAME: &str = "pgmr range applier";
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -156,9 +156,11 @@ async fn step(
                     .prepared_name();
                     // This node's part, if it was one, holds the rows' locks (and the
                     // transaction's key) until it ends.
-                    super::twophase::finish_prepared_on(c, &name, commit)
-                        .await
-                        .map_err(|e| format!("ending prepared transaction {name}: {e}"))?;
+                    if prepared_here(c, &name).await.map_err(|e| e.to_string())? {
+                        super::twophase::finish_prepared_on(c, &name, commit)
+                            .await
+                            .map_err(|e| format!("ending prepared transaction {name}: {e}"))?;
+                    }
                     if commit {
                         apply_txn(c, g.range_id, index, w, false).await
                     } else {
@@ -189,12 +191,30 @@ fn load_cursor(c: &mut PgConnection, range_id: u64) -> BoxFuture<'_, Result<u64,
     .boxed()
 }
 
+/// Whether this node's PostgreSQL holds prepared transaction `name`.
+fn prepared_here<'a>(
+    c: &'a mut PgConnection,
+    name: &'a str,
+) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+    async move {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts WHERE gid = $1)",
+        )
+        .bind(name)
+        .fetch_one(c)
+        .await
+    }
+    .boxed()
+}
+
 /// Waits for the decision of the two-phase commit `gid` (recorded in range `anchor`).
 async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
     let first = Instant::now();
     let mut asked = None::<Instant>;
     loop {
-        if let Some(d) = store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))? {
+        if let Some(d) =
+            store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))?
+        {
             return Ok(d);
         }
         let waited = first.elapsed();

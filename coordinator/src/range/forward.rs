@@ -482,6 +482,15 @@ async fn run_steps(
     }
     let mut out: Rows = (0, Vec::new());
     if let Some(st) = &req.statement {
+        if let Some(ms) = st.lock_timeout_ms {
+            let set = sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
+                .bind(format!("{ms}ms"))
+                .execute(&mut *conn)
+                .await;
+            if let Err(e) = set {
+                return Err(failed(remote, e));
+            }
+        }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
             "SELECT processed, \"row\" FROM multiregion.remote_exec($1, $2, $3, $4, $5)",
@@ -539,10 +548,11 @@ async fn run_steps(
             }
             // The backend's pre-prepare writes its changes as prepared entries anchored where
             // the coordinator records the decision (only a superuser can set this).
-            let set = sqlx::query("SELECT pg_catalog.set_config('multiregion.prepare_as', $1, true)")
-                .bind(p.setting())
-                .execute(&mut *conn)
-                .await;
+            let set =
+                sqlx::query("SELECT pg_catalog.set_config('multiregion.prepare_as', $1, true)")
+                    .bind(p.setting())
+                    .execute(&mut *conn)
+                    .await;
             if let Err(e) = set {
                 return Err(failed(remote, e));
             }
@@ -550,7 +560,11 @@ async fn run_steps(
                 "PREPARE TRANSACTION {}",
                 super::twophase::quote_literal(&p.prepared_name())
             );
-            match sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+            match sqlx::query(&sql)
+                .persistent(false)
+                .execute(&mut *conn)
+                .await
+            {
                 Ok(_) => {}
                 Err(e @ sqlx::Error::Database(_)) => return Err(Step::Sql(sql_error(&e))),
                 Err(e) => return Err(Step::Broken(sql_error(&e))),
@@ -595,9 +609,8 @@ async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
 fn aborted() -> SqlError {
     SqlError {
         code: "25P02".into(),
-        message:
-            "current transaction is aborted, commands ignored until end of transaction block"
-                .into(),
+        message: "current transaction is aborted, commands ignored until end of transaction block"
+            .into(),
         detail: None,
         hint: None,
     }

@@ -27,8 +27,8 @@
 pub mod apply;
 mod check;
 mod forward;
-mod twophase;
 pub mod store;
+mod twophase;
 pub mod types;
 
 use crate::meta::network::Network;
@@ -38,6 +38,7 @@ use crate::postgres::{PgConfig, PgState};
 use anyhow::Result;
 use mr_meta::{Command, RangeDescriptor, ReplicaKind, TableRef};
 use mr_wire::local::LocalResponse;
+use mr_wire::local::{PrepareAs, TargetWrite};
 use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use redb::Database;
@@ -48,7 +49,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 pub use types::{RangeRaft, TxnKind, TxnWrite};
-use mr_wire::local::{PrepareAs, TargetWrite};
 
 /// What the ranges' entries say about the transaction that wrote them.
 pub struct TxnMeta {

@@ -17,9 +17,7 @@
 //! the sweep, whichever learns the decision first.
 
 use super::{store, Group, Ranges, TxnKind, TxnMeta, TxnWrite, WriteError};
-use mr_wire::local::{
-    Finish, ForwardRequest, LocalResponse, LocalWrite, Participant, PrepareAs,
-};
+use mr_wire::local::{Finish, ForwardRequest, LocalResponse, LocalWrite, Participant, PrepareAs};
 use mr_wire::peer::{PeerRequest, PeerResponse};
 use sqlx::postgres::PgConnection;
 use sqlx::{ConnectOptions, Connection, Row};
@@ -160,7 +158,9 @@ impl Ranges {
                             return Ok(decision);
                         }
                         Ok(PeerResponse::Error { message, .. }) => last_error = message,
-                        Ok(_) => last_error = format!("node {leader:?} does not lead range {anchor}"),
+                        Ok(_) => {
+                            last_error = format!("node {leader:?} does not lead range {anchor}")
+                        }
                         Err(e) => last_error = e.to_string(),
                     }
                 }
@@ -203,7 +203,12 @@ impl Ranges {
     }
 
     /// A peer asks for (or proposes) a decision recorded in a range this node may lead.
-    pub async fn serve_decision(&self, anchor: u64, gid: String, propose: Option<bool>) -> PeerResponse {
+    pub async fn serve_decision(
+        &self,
+        anchor: u64,
+        gid: String,
+        propose: Option<bool>,
+    ) -> PeerResponse {
         match self.group(anchor) {
             Some(g) if g.leading().is_some() => match self.decide_here(&g, &gid, propose).await {
                 Ok(decision) => PeerResponse::TxnDecision { decision },
@@ -292,18 +297,22 @@ impl Ranges {
             if decided != Ok(Some(false)) {
                 tracing::warn!(gid, ?decided, "could not record the abort of a failed two-phase commit; the parts resolve it later");
             }
-            self.finish_parts(&database, &p, &prepared, false, false).await;
+            self.finish_parts(&database, &p, &prepared, false, false)
+                .await;
             return failure;
         }
         // Phase two: the decision, then the parts' commits.
+        crate::failpoint::hit(crate::failpoint::BEFORE_DECIDE);
         match self.decide(anchor, &gid, Some(true)).await {
             Ok(Some(true)) => {
+                crate::failpoint::hit(crate::failpoint::AFTER_DECIDE);
                 let nodes: Vec<u64> = participants.iter().map(|x| x.node_id).collect();
                 self.finish_parts(&database, &p, &nodes, true, true).await;
                 LocalResponse::Replicated { entries }
             }
             Ok(_) => {
-                self.finish_parts(&database, &p, &prepared, false, false).await;
+                self.finish_parts(&database, &p, &prepared, false, false)
+                    .await;
                 LocalResponse::Error {
                     message: format!("transaction {gid} was decided aborted while it prepared (its coordinator seemed gone)"),
                     retryable: true,
@@ -326,7 +335,11 @@ impl Ranges {
     /// The range that records a distributed transaction's decision: one this node leads if
     /// possible (its Raft round is then local), preferring one the transaction writes; else
     /// one leased by the first participant.
-    fn choose_anchor(&self, local: Option<&LocalWrite>, participants: &[Participant]) -> Option<u64> {
+    fn choose_anchor(
+        &self,
+        local: Option<&LocalWrite>,
+        participants: &[Participant],
+    ) -> Option<u64> {
         let led_here = |r: &u64| self.group(*r).is_some_and(|g| g.leading().is_some());
         if let Some(w) = local {
             let written = w
@@ -354,7 +367,14 @@ impl Ranges {
     /// `wait`: the answer waits for them (a commit is acknowledged only once every part's
     /// rows are visible there); a part that does not answer in time is left to its applier
     /// and the sweep. Otherwise they are sent in the background.
-    async fn finish_parts(&self, database: &str, p: &PrepareAs, nodes: &[u64], commit: bool, wait: bool) {
+    async fn finish_parts(
+        &self,
+        database: &str,
+        p: &PrepareAs,
+        nodes: &[u64],
+        commit: bool,
+        wait: bool,
+    ) {
         let calls: Vec<_> = nodes
             .iter()
             .filter_map(|&n| {
@@ -387,7 +407,12 @@ impl Ranges {
 
     /// Ends prepared transaction `name` in `database` on this node (a part of another
     /// node's two-phase commit). One already ended is not an error.
-    pub async fn serve_finish_prepared(&self, database: String, name: String, commit: bool) -> PeerResponse {
+    pub async fn serve_finish_prepared(
+        &self,
+        database: String,
+        name: String,
+        commit: bool,
+    ) -> PeerResponse {
         match self.finish_prepared(&database, &name, commit).await {
             Ok(()) => PeerResponse::Exec {
                 response: Box::new(LocalResponse::Done),
@@ -399,7 +424,12 @@ impl Ranges {
         }
     }
 
-    async fn finish_prepared(&self, database: &str, name: &str, commit: bool) -> Result<(), String> {
+    async fn finish_prepared(
+        &self,
+        database: &str,
+        name: &str,
+        commit: bool,
+    ) -> Result<(), String> {
         if let Some(p) = PrepareAs::from_prepared_name(name) {
             let _ = store::learn_decision(&self.db, &p.gid, commit);
         }
@@ -441,7 +471,8 @@ impl Ranges {
         .unwrap_or_default();
         let _ = conn.close().await;
         for row in stale {
-            let (Ok(name), Ok(database)) = (row.try_get::<String, _>(0), row.try_get::<String, _>(1))
+            let (Ok(name), Ok(database)) =
+                (row.try_get::<String, _>(0), row.try_get::<String, _>(1))
             else {
                 continue;
             };
@@ -450,12 +481,20 @@ impl Ranges {
             };
             match self.decide(p.anchor, &p.gid, Some(false)).await {
                 Ok(Some(commit)) => {
-                    tracing::info!(name, commit, "resolved a prepared transaction left by its coordinator");
+                    tracing::info!(
+                        name,
+                        commit,
+                        "resolved a prepared transaction left by its coordinator"
+                    );
                     if let Err(e) = self.finish_prepared(&database, &name, commit).await {
                         tracing::warn!(name, "could not end a prepared transaction: {e}");
                     }
                 }
-                other => tracing::debug!(name, ?other, "a prepared transaction's decision is not known yet"),
+                other => tracing::debug!(
+                    name,
+                    ?other,
+                    "a prepared transaction's decision is not known yet"
+                ),
             }
         }
     }
@@ -490,18 +529,36 @@ async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: Pr
                 commit,
             },
         };
-        if let Err(WriteError::Ambiguous(e) | WriteError::Retryable(e)) = super::propose(g, entry).await {
-            tracing::debug!(range_id = g.range_id, gid = p.gid, "could not copy a decision: {e}");
+        if let Err(WriteError::Ambiguous(e) | WriteError::Retryable(e)) =
+            super::propose(g, entry).await
+        {
+            tracing::debug!(
+                range_id = g.range_id,
+                gid = p.gid,
+                "could not copy a decision: {e}"
+            );
         }
     }
 }
 
 /// `COMMIT PREPARED` or `ROLLBACK PREPARED` of `name` on `conn` (in its database); one that
 /// no longer exists (ended by someone else) is fine.
-pub async fn finish_prepared_on(conn: &mut PgConnection, name: &str, commit: bool) -> Result<(), String> {
-    let verb = if commit { "COMMIT PREPARED" } else { "ROLLBACK PREPARED" };
+pub async fn finish_prepared_on(
+    conn: &mut PgConnection,
+    name: &str,
+    commit: bool,
+) -> Result<(), String> {
+    let verb = if commit {
+        "COMMIT PREPARED"
+    } else {
+        "ROLLBACK PREPARED"
+    };
     let sql = format!("{verb} {}", quote_literal(name));
-    match sqlx::query(&sql).persistent(false).execute(&mut *conn).await {
+    match sqlx::query(&sql)
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42704") => Ok(()),
         Err(e) => Err(e.to_string()),

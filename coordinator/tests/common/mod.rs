@@ -73,6 +73,11 @@ impl Node {
 
     /// Starts pgmr again on the same data dir and ports (after [`Node::crash`] or a stop).
     pub fn restart(&mut self) {
+        self.restart_with_env(&[]);
+    }
+
+    /// [`Node::restart`] with extra environment variables (a `PGMR_FAILPOINT`).
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
         let _ = self.child.wait();
         let log = std::fs::OpenOptions::new()
             .append(true)
@@ -80,6 +85,7 @@ impl Node {
             .unwrap();
         self.child = Command::new(PGMR)
             .args(&self.args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

@@ -312,6 +312,10 @@ impl SavepointOp {
 pub struct ForwardStatement {
     pub sql: String,
     pub params: Vec<(String, Option<String>)>,
+    /// The lock timeout the statement runs with there, when the transaction has parts on
+    /// several nodes (a deadlock across nodes is invisible to each PostgreSQL's detector).
+    #[serde(default)]
+    pub lock_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -155,7 +155,9 @@ pub enum PeerResponse {
         response: Box<crate::local::LocalResponse>,
     },
     /// A two-phase commit's decision (`None`: not decided yet).
-    TxnDecision { decision: Option<bool> },
+    TxnDecision {
+        decision: Option<bool>,
+    },
     Error {
         message: String,
         retryable: bool,

@@ -1,0 +1,28 @@
+//! Injected crashes for the cluster tests: `PGMR_FAILPOINT=<name>` in pgmr's environment makes
+//! the process abort when it reaches the point of that name, exactly where a machine could
+//! fail (CockroachDB's testing knobs play this part). Unset, a point costs one comparison.
+
+use std::sync::OnceLock;
+
+/// The points, where they are.
+pub const BEFORE_DECIDE: &str = "2pc-before-decide";
+pub const AFTER_DECIDE: &str = "2pc-after-decide";
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            std::env::var("PGMR_FAILPOINT")
+                .ok()
+                .filter(|v| !v.is_empty())
+        })
+        .as_deref()
+}
+
+/// Aborts the process here if `name` is armed.
+pub fn hit(name: &str) {
+    if armed() == Some(name) {
+        tracing::error!(failpoint = name, "failpoint reached: aborting");
+        std::process::abort();
+    }
+}
