@@ -149,6 +149,121 @@ async fn throughput(node: &Node, table: &str) -> f64 {
     total as f64 / THROUGHPUT_FOR.as_secs_f64()
 }
 
+/// Latencies (ms) of `n` runs of the simple-protocol text `sql` (one message per
+/// transaction).
+async fn latencies_text(c: &mut PgConnection, sql: &str, n: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        sqlx::raw_sql(sql)
+            .execute(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        out.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    out
+}
+
+/// Transactions over several ranges: two ranges of one leaseholder, and a REGIONAL BY ROW
+/// table's us-east1 and us-west1 rows (leased 63 ms apart) through the us-east1 leaseholder's
+/// node, each against the same transaction on one range.
+async fn two_phase(nodes: &[Node], b: &mut PgConnection) {
+    exec(b, "CREATE TABLE kv2 (k int PRIMARY KEY, v int NOT NULL)").await;
+    exec(
+        b,
+        "SELECT multiregion.execute('CREATE TABLE rbr (k int PRIMARY KEY, v int NOT NULL) LOCALITY REGIONAL BY ROW')",
+    )
+    .await;
+    let h1 = leaseholder(&nodes[0], "kv").await as usize - 1;
+    let h2 = leaseholder(&nodes[0], "kv2").await as usize - 1;
+    let mut c = connect(&nodes[h1], "bench").await;
+    if h1 == h2 {
+        exec(&mut c, "INSERT INTO kv2 VALUES (1, 0)").await;
+        let one = p50_p99(
+            latencies_text(
+                &mut c,
+                "BEGIN; UPDATE kv SET v = v + 1 WHERE k = 1; UPDATE kv SET v = v + 1 WHERE k = 2; COMMIT",
+                OPS,
+            )
+            .await,
+        );
+        row(
+            "two UPDATEs, one range (one message)",
+            one,
+            "2 ms (one quorum round)",
+        );
+        let two = p50_p99(
+            latencies_text(
+                &mut c,
+                "BEGIN; UPDATE kv SET v = v + 1 WHERE k = 1; UPDATE kv2 SET v = v + 1 WHERE k = 1; COMMIT",
+                OPS,
+            )
+            .await,
+        );
+        row(
+            "two UPDATEs, two ranges of one leaseholder (two-phase commit)",
+            two,
+            "4 ms (prepare, then decide: two quorum rounds)",
+        );
+    }
+    // Each region's rows written through a node of that region (INSERT runs where it is).
+    let east_holder = loop {
+        let h: Option<i64> = sqlx::query_scalar(
+            "SELECT lease_holder FROM multiregion.ranges WHERE table_name = 'rbr' AND partition = 'us-east1'",
+        )
+        .fetch_optional(&mut *b)
+        .await
+        .ok()
+        .flatten()
+        .flatten();
+        if let Some(h) = h {
+            break h as usize - 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (node, first) in [(east_holder, 1), (3, 101)] {
+        let mut n = connect(&nodes[node], "bench").await;
+        let sql = format!(
+            "INSERT INTO rbr (k, v) SELECT g, 0 FROM generate_series({first}, {}) g",
+            first + 1
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while let Err(err) = sqlx::raw_sql(&sql).execute(&mut n).await {
+            assert!(Instant::now() < deadline, "{sql}: {err}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let mut e = connect(&nodes[east_holder], "bench").await;
+    let local = p50_p99(
+        latencies_text(
+            &mut e,
+            "BEGIN; UPDATE rbr SET v = v - 1 WHERE crdb_region = 'us-east1' AND k = 1; \
+             UPDATE rbr SET v = v + 1 WHERE crdb_region = 'us-east1' AND k = 2; COMMIT",
+            50,
+        )
+        .await,
+    );
+    row(
+        "transfer between two us-east1 rows of a REGIONAL BY ROW table (one range)",
+        local,
+        "2 ms",
+    );
+    let cross = p50_p99(
+        latencies_text(
+            &mut e,
+            "BEGIN; UPDATE rbr SET v = v - 1 WHERE crdb_region = 'us-east1' AND k = 1; \
+             UPDATE rbr SET v = v + 1 WHERE crdb_region = 'us-west1' AND k = 101; COMMIT",
+            50,
+        )
+        .await,
+    );
+    row(
+        "transfer from a us-east1 row to a us-west1 row, through the us-east1 leaseholder (two-phase commit)",
+        cross,
+        "189 ms (statement, prepare and commit: three round trips of 63 ms)",
+    );
+}
+
 fn row(what: &str, (p50, p99): (f64, f64), floor: &str) {
     println!("| {what} | {p50:.2} | {p99:.2} | {floor} |");
 }
@@ -281,6 +396,7 @@ async fn main() {
         west_read,
         "63 ms (RTT to the leaseholder)",
     );
+    two_phase(&nodes, &mut b).await;
     println!();
     let off = throughput(&nodes[holder], "plain_kv").await;
     let on = throughput(&nodes[holder], "kv").await;

@@ -4,20 +4,18 @@
 //! * **Deciding** (`ExecutorStart`): a statement that reads or writes replicated tables asks
 //!   pgmr where it runs. A write (or a locking read) runs on the node that leases every range
 //!   it touches; a read runs here when this node holds a replica of every range (after its
-//!   read barrier), else on the node that leases them all. Once a transaction has run a
-//!   statement elsewhere it is pinned there: every later statement over replicated tables
-//!   follows it, so the transaction reads its own writes and commits in one place.
+//!   read barrier), else on the node that leases them all.
 //! * **Running** (`ExecutorRun`): the statement's own text and parameters (as text) go to the
 //!   leaseholder through pgmr; its rows come back as text and are fed to the statement's
 //!   destination through the input functions of the columns this node planned, so clients,
 //!   cursors, PL/pgSQL and `RETURNING` see ordinary results.
-//! * **Ending**: the transaction's commit here first commits the remote one (and fails if it
-//!   fails); an abort rolls it back; savepoints are mirrored lazily, named by subtransaction
-//!   id. An autocommit statement sent through the simple query protocol begins, runs and
-//!   commits remotely in one message: one round trip.
-//!
-//! A transaction that wrote rows here and then needs another node (or the reverse) would need
-//! two-phase commit, which is not built: it is refused with 0A000 before anything is done.
+//! * **Transactions**: one session per node the transaction ran a statement on. Under READ
+//!   COMMITTED, once it has a part elsewhere its reads go to leaseholders (it reads its own
+//!   writes), and its commit is two-phase when it has more than one part (this backend's own
+//!   changes count as one), coordinated by pgmr; a lone remote part just commits first. Under
+//!   REPEATABLE READ and SERIALIZABLE it stays on one node. An abort rolls every part back;
+//!   savepoints are mirrored lazily, named by subtransaction id. An autocommit statement sent
+//!   through the simple query protocol begins, runs and commits remotely in one message.
 
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, replication, sidecar};

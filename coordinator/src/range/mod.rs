@@ -10,7 +10,8 @@
 //! The write path ([`Ranges::replicate`]): the extension captures a transaction's row
 //! changes and, at pre-commit, after recording the transaction's id in
 //! `multiregion.range_txns` (uncommitted, so it holds that key's lock), asks this node to
-//! replicate them. The leader proposes one entry, waits until a quorum has it, and answers;
+//! replicate them. The leader proposes one entry (changes to several ranges: two-phase commit
+//! through their logs, [`twophase`]), waits until a quorum has it, and answers;
 //! the transaction then commits locally. Local commits need not follow log order:
 //! transactions that conflict are ordered by the row locks they hold across the Raft commit,
 //! and the others commute. Every replica's applier ([`apply`])
@@ -59,8 +60,8 @@ pub struct TxnMeta {
     pub start_ms: u64,
 }
 
-/// The cluster setting that turns row replication on (off by default until transactions
-/// over several leaseholders and snapshots for new replicas exist).
+/// The cluster setting that turns row replication on (off by default until snapshots for new
+/// replicas, sequences and statements over several leaseholders exist).
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
 
 /// Heartbeats above the slowest simulated RTT (132 ms); elections after a few missed ones, so
@@ -838,7 +839,7 @@ impl Ranges {
     /// that leases every range it touches (here, or forwarded there); a read here when this
     /// node holds a replica of every range (after its read barrier), else on the one node
     /// that leases them all. A write over ranges leased on several nodes runs here and is
-    /// refused at commit if it wrote a range leased elsewhere (two-phase commit is not built).
+    /// refused at commit if it wrote a range leased elsewhere (it would need splitting).
     /// `Ok(None)`: run here. Errors as [`Self::read_barrier`].
     pub async fn route(
         &self,
@@ -901,7 +902,7 @@ impl Ranges {
                         self.me,
                         holder(range_id, h).map_or("none yet".into(), |h| h.to_string())
                     ),
-                    hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition; statements over several leaseholders need two-phase commit, which is not built yet.".into(),
+                    hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into(),
                 });
             }
             self.barrier(read).await?;
