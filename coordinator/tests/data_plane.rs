@@ -1499,3 +1499,97 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
     }
     check_consistency(&nodes[2]);
 }
+
+/// An INSERT into a REGIONAL BY ROW table runs on the node leasing the partitions its rows
+/// go to, whichever node it is typed on: an explicit region, a parameter (custom and generic
+/// plans), the `gateway_region()` default, a region computed from another column (the MovR
+/// tutorial's `REGIONAL BY ROW AS region`), several rows of one region. Rows for several
+/// regions in one statement are refused (0A000) and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_run_where_their_rows_partitions_are_leased() {
+    let dir = scratch("data-insert-route");
+    let nodes = start_cluster(dir.path(), 43, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut m = connect(&nodes[0], "mr").await.unwrap();
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind(
+            "CREATE TABLE rides (id int PRIMARY KEY, city text NOT NULL, region crdb_internal_region NOT NULL \
+             AS (CASE WHEN city = 'new york' THEN 'us-east1' WHEN city = 'seattle' THEN 'us-west1' \
+             ELSE 'europe-west1' END) STORED) LOCALITY REGIONAL BY ROW AS region",
+        )
+        .execute(&mut m)
+        .await
+        .unwrap();
+    // Through the us-east1 node: rows of other regions.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("INSERT INTO rides (id, city) VALUES (1, 'seattle')")
+        .execute(&mut m)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec(
+        &mut m,
+        "INSERT INTO rides (id, city) VALUES (2, 'paris'), (3, 'rome')",
+    )
+    .await;
+    exec(
+        &mut m,
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 10, 1), ('us-west1', 11, 1)",
+    )
+    .await;
+    for id in 12..20 {
+        // Custom plans, then the generic plan with its parameters.
+        sqlx::query("INSERT INTO accounts (crdb_region, id, balance) VALUES ($1::text::crdb_internal_region, $2, 1)")
+            .bind("europe-west1")
+            .bind(id)
+            .execute(&mut m)
+            .await
+            .unwrap();
+    }
+    // Through the us-west1 node: the default region is the client's.
+    let mut w = connect(&nodes[1], "mr").await.unwrap();
+    exec(
+        &mut w,
+        "INSERT INTO accounts (id, balance) VALUES (20, 1), (21, 1)",
+    )
+    .await;
+    // One statement, two regions' leaseholders: refused, nothing written.
+    let err = sqlx::raw_sql(
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1)",
+    )
+    .execute(&mut m)
+    .await
+    .expect_err("rows for two leaseholders in one statement");
+    assert_eq!(code(&err), "0A000", "{err}");
+    let expect_rides = "europe-west1:2 europe-west1:3 us-west1:1";
+    let expect_accounts = "europe-west1:12 europe-west1:13 europe-west1:14 europe-west1:15 \
+        europe-west1:16 europe-west1:17 europe-west1:18 europe-west1:19 us-east1:1 us-west1:10 \
+        us-west1:11 us-west1:2 us-west1:20 us-west1:21 europe-west1:3";
+    for n in &nodes {
+        let (rides, accounts): (String, String) = eventually(
+            "rows on every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let r: (String, String) = sqlx::query_as(
+                    "SELECT (SELECT string_agg(region || ':' || id, ' ' ORDER BY region, id) FROM rides), \
+                            (SELECT string_agg(crdb_region || ':' || id, ' ' ORDER BY id) FROM accounts)",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                (r.0 == expect_rides && r.1.split(' ').count() == 15).then_some(r)
+            },
+        )
+        .await;
+        assert_eq!(rides, expect_rides);
+        let mut got: Vec<&str> = accounts.split(' ').collect();
+        got.sort();
+        let mut want: Vec<&str> = expect_accounts.split_whitespace().collect();
+        want.sort();
+        assert_eq!(got, want, "{}", n.data_dir.display());
+    }
+    check_consistency(&nodes[0]);
+}

@@ -8,6 +8,7 @@ mod api;
 mod error;
 mod gucs;
 mod hooks;
+mod insert_rows;
 mod regions;
 mod replication;
 mod rewrite;

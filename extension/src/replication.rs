@@ -248,6 +248,7 @@ fn target(relid: pg_sys::Oid) -> Option<Rc<Target>> {
 
 /// Forgets what was cached about `relid` (all relations for `InvalidOid`).
 pub fn forget(relid: pg_sys::Oid) {
+    crate::insert_rows::forget(relid);
     TARGETS.with(|m| {
         let mut m = m.borrow_mut();
         if relid == pg_sys::InvalidOid {
@@ -337,6 +338,25 @@ pub unsafe fn statement_targets(
             }
         }
     }
+    // An INSERT into a partitioned table: the partitions its rows go to, when they can be
+    // known before it runs.
+    // SAFETY: as this function's contract; the target relation is in the range table.
+    if let Some((relid, values)) = unsafe { insert_partitions(qd) } {
+        if let Some(t) = target(relid) {
+            let r = mr_meta::TableRef {
+                database: database.clone(),
+                schema: t.schema.clone(),
+                table: t.table.clone(),
+            };
+            targets.retain(|(x, p)| !(x == &r && p.is_none()));
+            for v in values {
+                let entry = (r.clone(), Some(v));
+                if !targets.contains(&entry) {
+                    targets.push(entry);
+                }
+            }
+        }
+    }
     let partitioned: Vec<mr_meta::TableRef> = targets
         .iter()
         .filter(|(_, p)| p.is_some())
@@ -344,6 +364,35 @@ pub unsafe fn statement_targets(
         .collect();
     targets.retain(|(t, p)| p.is_some() || !partitioned.contains(t));
     targets
+}
+
+/// The partitioned target of an INSERT and the partitions its rows go to, if known.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+unsafe fn insert_partitions(
+    qd: &pg_sys::QueryDesc,
+) -> Option<(pg_sys::Oid, std::collections::BTreeSet<String>)> {
+    // SAFETY: the planned statement's lists are valid for the query's life; the target is
+    // locked by the executor's caller.
+    unsafe {
+        if qd.operation != pg_sys::CmdType::CMD_INSERT {
+            return None;
+        }
+        let ps = &*qd.plannedstmt;
+        let results = ps.resultRelations;
+        if results.is_null() || (*results).length != 1 || ps.rtable.is_null() {
+            return None;
+        }
+        let rti = pg_sys::list_nth_int(results, 0);
+        let rte = pg_sys::list_nth(ps.rtable, rti - 1) as *mut pg_sys::RangeTblEntry;
+        if rte.is_null() || (*rte).relkind as u8 != b'p' || !is_replicated((*rte).relid) {
+            return None;
+        }
+        let relid = (*rte).relid;
+        crate::insert_rows::partition_values(qd, relid).map(|v| (relid, v))
+    }
 }
 
 /// Whether pgmr said within the last second that row replication is off: statements are
