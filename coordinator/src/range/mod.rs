@@ -51,6 +51,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 pub use types::{RangeRaft, TxnKind, TxnWrite};
 
+/// A (table, REGIONAL BY ROW partition).
+type Target = (TableRef, Option<String>);
+
 /// What the ranges' entries say about the transaction that wrote them.
 pub struct TxnMeta {
     /// The key under which replicas record that they applied the transaction's rows.
@@ -576,8 +579,7 @@ impl Ranges {
             )));
         }
         // Each range's changes, as one JSON array.
-        let mut per_range: BTreeMap<u64, (Vec<String>, Vec<(TableRef, Option<String>)>)> =
-            BTreeMap::new();
+        let mut per_range: BTreeMap<u64, (Vec<String>, Vec<Target>)> = BTreeMap::new();
         for w in writes {
             let Some(range_id) = self.range_of(&w.table, &w.partition) else {
                 continue;
