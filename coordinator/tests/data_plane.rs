@@ -1504,7 +1504,8 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
 /// go to, whichever node it is typed on: an explicit region, a parameter (custom and generic
 /// plans), the `gateway_region()` default, a region computed from another column (the MovR
 /// tutorial's `REGIONAL BY ROW AS region`), several rows of one region. Rows for several
-/// regions in one statement are refused (0A000) and change nothing.
+/// regions in one statement are refused (0A000) and change nothing. A serial column's
+/// sequence advances on every replica with the rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserts_run_where_their_rows_partitions_are_leased() {
     let dir = scratch("data-insert-route");
@@ -1590,6 +1591,39 @@ async fn inserts_run_where_their_rows_partitions_are_leased() {
         let mut want: Vec<&str> = expect_accounts.split_whitespace().collect();
         want.sort();
         assert_eq!(got, want, "{}", n.data_dir.display());
+    }
+    // A serial key's sequence follows the applied rows on every replica, so that a new
+    // leaseholder's nextval does not hand out a key the table already has.
+    exec(
+        &mut m,
+        "CREATE TABLE events (id serial PRIMARY KEY, note text)",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) =
+        sqlx::raw_sql("INSERT INTO events (note) SELECT 'e' FROM generate_series(1, 5)")
+            .execute(&mut m)
+            .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for n in &nodes[1..] {
+        let last: i64 = eventually(
+            "the sequence to follow",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let v: Option<i64> =
+                    sqlx::query_scalar("SELECT pg_sequence_last_value('events_id_seq')")
+                        .fetch_one(&mut c)
+                        .await
+                        .ok()?;
+                v.filter(|&v| v >= 5)
+            },
+        )
+        .await;
+        assert_eq!(last, 5, "{}", n.data_dir.display());
     }
     check_consistency(&nodes[0]);
 }

@@ -714,6 +714,9 @@ DECLARE
     v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
     v_key text;
     v_cols text;
+    v_seq regclass;
+    v_col name;
+    v_val bigint;
 BEGIN
     IF p_op = 'T' THEN
         EXECUTE format('TRUNCATE %s', v_rel);
@@ -736,6 +739,26 @@ BEGIN
          WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
         EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_record(NULL::%s, $1)',
                        v_rel, v_cols, v_cols, v_rel) USING p_new;
+        -- The sequences the table's columns own (serial, identity) move past the values the
+        -- leaseholder drew, so that this node's nextval, once it leases the range, never
+        -- hands out a key the log already holds. (setval is not rolled back; a gap is fine.)
+        FOR v_seq, v_col IN
+            SELECT d.objid::regclass, a.attname
+              FROM pg_catalog.pg_depend d
+              JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+              JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
+             WHERE d.classid = 'pg_catalog.pg_class'::regclass
+               AND d.refclassid = 'pg_catalog.pg_class'::regclass
+               AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
+               AND d.deptype IN ('a', 'i')
+        LOOP
+            IF jsonb_typeof(p_new -> v_col::text) = 'number' THEN
+                v_val := (p_new ->> v_col::text)::numeric::bigint;
+                IF v_val > coalesce(pg_catalog.pg_sequence_last_value(v_seq), 0) THEN
+                    PERFORM pg_catalog.setval(v_seq, v_val);
+                END IF;
+            END IF;
+        END LOOP;
     END IF;
 END
 $fn$;
