@@ -1627,3 +1627,86 @@ async fn inserts_run_where_their_rows_partitions_are_leased() {
     }
     check_consistency(&nodes[0]);
 }
+
+/// Under SURVIVE REGION FAILURE every range has voters in three regions, so losing a whole
+/// region (here its one node, pgmr and PostgreSQL killed) leaves every table writable through
+/// the other regions: the home region's partition, a table leased in the primary region, and
+/// the other regions' partitions; nothing acknowledged is lost, and the region catches up
+/// when it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_region_survival_losing_a_region_leaves_every_table_writable() {
+    let dir = scratch("data-region-down");
+    let mut nodes = start_cluster(dir.path(), 44, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut m = connect(&nodes[0], "mr").await.unwrap();
+    sqlx::query("SELECT multiregion.execute('ALTER DATABASE mr SURVIVE REGION FAILURE')")
+        .execute(&mut m)
+        .await
+        .unwrap();
+    // Every range gets voters in all three regions.
+    eventually(
+        "voters in three regions",
+        Duration::from_secs(60),
+        || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let narrow: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM multiregion.ranges WHERE database_name = 'mr' \
+             AND cardinality(voting_replicas) < 3",
+            )
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (narrow == 0).then_some(())
+        },
+    )
+    .await;
+    exec(&mut m, "INSERT INTO audit VALUES (1, 'before')").await;
+    drop(m);
+
+    nodes[0].crash();
+    let lost = Instant::now();
+    // Through the us-west1 node: the us-east1 partition (its home region is down), the
+    // primary region's table, its own partition; through europe-west1 its own.
+    let writes = [
+        (1, "UPDATE accounts SET balance = balance - 1 WHERE crdb_region = 'us-east1' AND id = 1"),
+        (1, "INSERT INTO audit VALUES (2, 'after')"),
+        (1, "UPDATE accounts SET balance = balance + 1 WHERE crdb_region = 'us-west1' AND id = 2"),
+        (2, "UPDATE accounts SET balance = balance + 0 WHERE crdb_region = 'europe-west1' AND id = 3"),
+    ];
+    for (node, sql) in writes {
+        eventually(sql, Duration::from_secs(30), || async {
+            let mut c = connect(&nodes[node], "mr").await?;
+            sqlx::raw_sql(sql).execute(&mut c).await.ok().map(|_| ())
+        })
+        .await;
+    }
+    let took = lost.elapsed();
+    eprintln!("region down: every table written within {took:?}");
+
+    nodes[0].restart();
+    eventually("node 1 to serve SQL", Duration::from_secs(90), || {
+        try_connect(nodes[0].pg_port)
+    })
+    .await;
+    let b = balances_converged(&nodes).await;
+    assert_eq!(
+        b.iter().map(|r| r.2).collect::<Vec<_>>(),
+        vec![999, 1001, 1000],
+        "{b:?}"
+    );
+    eventually("audit everywhere", Duration::from_secs(60), || async {
+        for n in &nodes {
+            let mut c = connect(n, "mr").await?;
+            let k: i64 = sqlx::query_scalar("SELECT count(*) FROM audit")
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            if k != 2 {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    check_consistency(&nodes[1]);
+}

@@ -276,7 +276,9 @@ impl Ranges {
             }
         }
         match outcome {
-            Ok((processed, rows)) => LocalResponse::Forwarded { processed, rows },
+            Ok(Outcome::Rows((processed, rows))) => LocalResponse::Forwarded { processed, rows },
+            // A part that wrote and locked nothing committed instead of preparing.
+            Ok(Outcome::CommittedReadOnly) => LocalResponse::Done,
             Err(Step::Sql(e)) | Err(Step::Broken(e)) => LocalResponse::SqlError(e),
         }
     }
@@ -457,6 +459,14 @@ enum Step {
     Broken(SqlError),
 }
 
+/// What a step did.
+enum Outcome {
+    Rows(Rows),
+    /// Asked to prepare, the transaction had written and locked nothing (no transaction id):
+    /// it committed, and has no part in the decision.
+    CommittedReadOnly,
+}
+
 /// A row as text, as `remote_exec` returns it.
 type TextRow = Vec<Option<String>>;
 /// Rows processed, and the rows returned.
@@ -466,7 +476,7 @@ async fn run_steps(
     conn: &mut PgConnection,
     remote: &Remote,
     req: &ForwardRequest,
-) -> Result<Rows, Step> {
+) -> Result<Outcome, Step> {
     for op in &req.savepoints {
         let sql = op.sql();
         if let Err(e) = sqlx::query(&sql)
@@ -546,6 +556,21 @@ async fn run_steps(
                 let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
                 return Err(Step::Sql(aborted()));
             }
+            // Nothing written or locked (no transaction id): nothing to prepare.
+            let xid: Result<Option<String>, _> =
+                sqlx::query_scalar("SELECT pg_catalog.pg_current_xact_id_if_assigned()::text")
+                    .fetch_one(&mut *conn)
+                    .await;
+            match xid {
+                Ok(None) => {
+                    return match sqlx::query("COMMIT").execute(&mut *conn).await {
+                        Ok(_) => Ok(Outcome::CommittedReadOnly),
+                        Err(e) => Err(Step::Broken(sql_error(&e))),
+                    };
+                }
+                Ok(Some(_)) => {}
+                Err(e) => return Err(failed(remote, e)),
+            }
             // The backend's pre-prepare writes its changes as prepared entries anchored where
             // the coordinator records the decision (only a superuser can set this).
             let set =
@@ -572,7 +597,7 @@ async fn run_steps(
         }
         None => {}
     }
-    Ok(out)
+    Ok(Outcome::Rows(out))
 }
 
 /// A failed step: a statement error leaves the transaction failed until a savepoint

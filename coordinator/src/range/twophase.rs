@@ -278,6 +278,8 @@ impl Ranges {
         for (part, r) in participants.iter().zip(remote_results) {
             match r {
                 LocalResponse::Forwarded { .. } => prepared.push(part.node_id),
+                // Read only: committed already, no part of the decision.
+                LocalResponse::Done => {}
                 other => {
                     failure.get_or_insert(other);
                 }
@@ -306,8 +308,8 @@ impl Ranges {
         match self.decide(anchor, &gid, Some(true)).await {
             Ok(Some(true)) => {
                 crate::failpoint::hit(crate::failpoint::AFTER_DECIDE);
-                let nodes: Vec<u64> = participants.iter().map(|x| x.node_id).collect();
-                self.finish_parts(&database, &p, &nodes, true, true).await;
+                self.finish_parts(&database, &p, &prepared, true, true)
+                    .await;
                 LocalResponse::Replicated { entries }
             }
             Ok(_) => {
