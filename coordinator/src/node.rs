@@ -684,14 +684,17 @@ impl Node {
                 targets,
                 write,
                 modifies,
+                splittable,
+                txn_nodes,
             } => match self
                 .ranges()
-                .route(&database, &targets, write, modifies)
+                .route(&database, &targets, write, modifies, splittable, &txn_nodes)
                 .await
             {
-                Ok((enabled, forward_to)) => LocalResponse::Route {
-                    enabled,
-                    forward_to,
+                Ok(r) => LocalResponse::Route {
+                    enabled: r.enabled,
+                    forward_to: r.forward_to,
+                    split: r.split,
                 },
                 Err(e) => crate::range::write_error(e),
             },

@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 /// The `post_parse_analyze_hook` found at load time (another extension's, or none).
 static PREV_POST_PARSE_ANALYZE: OnceLock<pg_sys::post_parse_analyze_hook_type> = OnceLock::new();
 
+/// The `planner_hook` found at load time.
+static PREV_PLANNER: OnceLock<pg_sys::planner_hook_type> = OnceLock::new();
+
 /// The `ExecutorStart_hook` found at load time.
 static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock::new();
 
@@ -32,6 +35,8 @@ pub fn init() {
         pg_sys::post_parse_analyze_hook = Some(post_parse_analyze);
         let _ = PREV_PROCESS_UTILITY.set(pg_sys::ProcessUtility_hook);
         pg_sys::ProcessUtility_hook = Some(process_utility);
+        let _ = PREV_PLANNER.set(pg_sys::planner_hook);
+        pg_sys::planner_hook = Some(planner);
         let _ = PREV_EXECUTOR_START.set(pg_sys::ExecutorStart_hook);
         pg_sys::ExecutorStart_hook = Some(executor_start);
         let _ = PREV_EXECUTOR_RUN.set(pg_sys::ExecutorRun_hook);
@@ -59,6 +64,27 @@ unsafe extern "C-unwind" fn post_parse_analyze(
     unsafe {
         if let (Some(pstate), Some(query)) = (pstate.as_ref(), query.as_mut()) {
             crate::rewrite::after_analysis(pstate, query);
+        }
+    }
+}
+
+/// Plans a query after adding the region filters its computed region columns imply
+/// ([`crate::region_filter`]).
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn planner(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound_params: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: PostgreSQL passes the Query it is about to plan, ours to change until planned.
+    unsafe { crate::region_filter::derive(parse, bound_params) };
+    // SAFETY: the previous hook (or PostgreSQL's own planner) with our arguments.
+    unsafe {
+        match PREV_PLANNER.get() {
+            Some(Some(prev)) => prev(parse, query_string, cursor_options, bound_params),
+            _ => pg_sys::standard_planner(parse, query_string, cursor_options, bound_params),
         }
     }
 }

@@ -366,6 +366,47 @@ pub unsafe fn statement_targets(
     targets
 }
 
+/// Whether the statement is an UPDATE or DELETE whose only replicated relations are its
+/// partitioned target and the partitions it changes: run over each leaseholder's partitions
+/// in turn, the shares change exactly the rows the whole statement would. A statement that
+/// also reads the table (a subquery), or any other replicated table, is not: a share would
+/// read it on a node that may hold no copy of it.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+pub unsafe fn splittable(qd: &pg_sys::QueryDesc) -> bool {
+    // SAFETY: as this function's contract.
+    unsafe {
+        if !matches!(
+            qd.operation,
+            pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
+        ) {
+            return false;
+        }
+        let ps = &*qd.plannedstmt;
+        if ps.hasModifyingCTE || ps.rtable.is_null() || ps.resultRelations.is_null() {
+            return false;
+        }
+        let mut parents = 0;
+        for i in 0..(*ps.rtable).length {
+            let rte = pg_sys::list_nth(ps.rtable, i) as *mut pg_sys::RangeTblEntry;
+            if rte.is_null()
+                || (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
+                || !is_replicated((*rte).relid)
+            {
+                continue;
+            }
+            match (*rte).relkind as u8 {
+                b'p' => parents += 1,
+                _ if pg_sys::list_member_int(ps.resultRelations, i + 1) => {}
+                _ => return false,
+            }
+        }
+        parents == 1
+    }
+}
+
 /// The partitioned target of an INSERT and the partitions its rows go to, if known.
 ///
 /// # Safety

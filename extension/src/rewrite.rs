@@ -28,7 +28,7 @@ use std::rc::Rc;
 // rewriteManip.h, which pgrx does not bind. `ReplaceVarsNoMatchOption` is a C enum: these are
 // its values in PostgreSQL 15.
 const REPLACEVARS_CHANGE_VARNO: c_int = 1;
-const REPLACEVARS_SUBSTITUTE_NULL: c_int = 2;
+pub(crate) const REPLACEVARS_SUBSTITUTE_NULL: c_int = 2;
 
 // Called only through `pg_sys::ffi::pg_guard_ffi_boundary`, so a PostgreSQL ERROR inside them
 // unwinds as Rust expects.
@@ -54,12 +54,12 @@ unsafe extern "C-unwind" {
 
 /// What the rewrite needs to know about a REGIONAL BY ROW table.
 #[derive(Debug)]
-struct RbrTable {
-    region_attno: i16,
+pub(crate) struct RbrTable {
+    pub(crate) region_attno: i16,
     region_column: String,
     hidden: bool,
     /// The computed region column's expression, as SQL over the table's columns.
-    computed: Option<String>,
+    pub(crate) computed: Option<String>,
     auto_rehoming: bool,
 }
 
@@ -353,7 +353,7 @@ unsafe fn on_update(
 /// `expr` with the Vars of `varno` replaced by the matching entries of `values` (by column
 /// number); unmatched ones become NULL or stay, as `nomatch` says.
 #[allow(unsafe_code)]
-unsafe fn substitute(
+pub(crate) unsafe fn substitute(
     expr: *mut pg_sys::Node,
     varno: i32,
     rte: *mut pg_sys::RangeTblEntry,
@@ -422,7 +422,7 @@ unsafe fn new_entry(expr: *mut pg_sys::Node, table: &RbrTable) -> *mut pg_sys::T
 /// column `attno`, as PostgreSQL does for a generated column; returns it with its Vars
 /// numbered `varno`, and the attribute numbers it reads.
 #[allow(unsafe_code)]
-unsafe fn cook(
+pub(crate) unsafe fn cook(
     rel: pg_sys::Relation,
     sql: &str,
     attno: i16,
@@ -503,7 +503,7 @@ unsafe fn attribute(rel: pg_sys::Relation, attno: i16) -> pg_sys::FormData_pg_at
 }
 
 /// What is known about `relid` as a REGIONAL BY ROW table, from the cache or the catalog.
-fn lookup(relid: pg_sys::Oid) -> Option<Rc<RbrTable>> {
+pub(crate) fn lookup(relid: pg_sys::Oid) -> Option<Rc<RbrTable>> {
     if let Some(hit) = TABLES.with(|t| t.borrow().get(&relid).cloned()) {
         return hit;
     }
@@ -578,7 +578,7 @@ fn read_catalog(relid: pg_sys::Oid) -> Option<RbrTable> {
 
 /// The elements of a pointer list, copied out.
 #[allow(unsafe_code)]
-unsafe fn ptrs<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
+pub(crate) unsafe fn ptrs<T>(list: *mut pg_sys::List) -> Vec<*mut T> {
     if list.is_null() {
         return vec![];
     }
@@ -603,7 +603,7 @@ unsafe fn list_of<T>(items: &[*mut T]) -> *mut pg_sys::List {
 }
 
 #[allow(unsafe_code)]
-unsafe fn is_a(node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
+pub(crate) unsafe fn is_a(node: *mut pg_sys::Node, tag: pg_sys::NodeTag) -> bool {
     // SAFETY: every node starts with its tag.
     !node.is_null() && unsafe { (*node).type_ } == tag
 }

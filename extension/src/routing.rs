@@ -46,6 +46,9 @@ const FORWARDED_SETTINGS: &[&str] = &[
 /// A statement this backend runs on another node.
 struct Forwarded {
     node: u64,
+    /// Split over several leaseholders: each (`None`: here) with the partitions of the
+    /// statement's target it runs over. Empty: the whole statement runs on `node`.
+    shares: Vec<(Option<u64>, Vec<String>)>,
     /// Runs with this lock timeout there (the transaction has parts on several nodes).
     lock_timeout_ms: Option<u64>,
     /// Its rows once it ran, and how many were handed to the destination.
@@ -202,6 +205,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 key,
                 Forwarded {
                     node,
+                    shares: Vec::new(),
                     lock_timeout_ms: several.then(lock_timeout_for_parts).flatten(),
                     rows: None,
                     next: 0,
@@ -212,6 +216,14 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     };
     // SAFETY: reads a backend global.
     let snapshot_isolation = unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 };
+    // An UPDATE or DELETE of one REGIONAL BY ROW table over partitions leased on several
+    // nodes runs on each leaseholder over its own partitions, as parts of one transaction
+    // (READ COMMITTED: two-phase commit over the parts).
+    // SAFETY: as this function's contract.
+    let splittable = !snapshot_isolation
+        && !dynamic_params
+        && !rewritten
+        && unsafe { replication::splittable(qd) };
     let first_remote = REMOTE.with(|r| r.borrow().first().map(|r| r.node));
     if let (true, Some(node)) = (snapshot_isolation, first_remote) {
         refuse_dynamic(node);
@@ -224,9 +236,40 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
     // that it sees its own writes there.
     let has_remotes = first_remote.is_some();
-    match sidecar::route(database(), targets, write || has_remotes, modifies) {
-        Ok((false, _)) => replication::barrier_off_for_a_while(),
-        Ok((true, None)) => {
+    let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
+    match sidecar::route(
+        database(),
+        targets,
+        write || has_remotes,
+        modifies,
+        splittable,
+        txn_nodes,
+    ) {
+        Ok(r) if !r.enabled => replication::barrier_off_for_a_while(),
+        Ok(r) if !r.split.is_empty() => {
+            let here = r.split.iter().any(|(n, _)| n.is_none());
+            let lock_timeout_ms = lock_timeout_for_parts();
+            if here {
+                LOCAL_PART.with(|l| l.set(true));
+            }
+            let node = r.split.iter().find_map(|(n, _)| *n).unwrap_or(0);
+            FORWARDED.with(|f| {
+                f.borrow_mut().insert(
+                    key,
+                    Forwarded {
+                        node,
+                        shares: r.split,
+                        lock_timeout_ms,
+                        rows: None,
+                        next: 0,
+                        processed: 0,
+                    },
+                )
+            });
+        }
+        Ok(sidecar::Route {
+            forward_to: None, ..
+        }) => {
             if !write {
                 // SAFETY: as this function's contract.
                 unsafe { replication::fresh_snapshot(qd) };
@@ -242,7 +285,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 }
             }
         }
-        Ok((true, Some(node))) => {
+        Ok(sidecar::Route {
+            forward_to: Some(node),
+            ..
+        }) => {
             refuse_dynamic(node);
             if snapshot_isolation && replication::has_local_changes() {
                 MrError::WriteNotServed {
@@ -324,8 +370,19 @@ unsafe fn run_forwarded(
     }
     let ran = FORWARDED.with(|f| f.borrow().get(&key).is_some_and(|x| x.rows.is_some()));
     if !ran {
-        // SAFETY: `qd` is started: its statement, text and parameters are valid.
-        let (processed, rows) = unsafe { forward_statement(qd, node) }.or_raise();
+        let shares = FORWARDED.with(|f| {
+            f.borrow()
+                .get(&key)
+                .map(|x| x.shares.clone())
+                .unwrap_or_default()
+        });
+        let (processed, rows) = if shares.is_empty() {
+            // SAFETY: `qd` is started: its statement, text and parameters are valid.
+            unsafe { forward_statement(qd, node, Vec::new()) }.or_raise()
+        } else {
+            // SAFETY: as above.
+            unsafe { run_shares(qd, shares) }.or_raise()
+        };
         FORWARDED.with(|f| {
             if let Some(x) = f.borrow_mut().get_mut(&key) {
                 x.rows = Some(rows);
@@ -447,7 +504,45 @@ pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
     FORWARDED.with(|f| f.borrow_mut().remove(&(qd as usize)));
 }
 
-/// Sends the statement of `qd` to `node`, beginning the remote transaction if needed.
+/// Runs a split statement's shares, each on its leaseholder over its partitions (this
+/// node's own through SPI in this transaction), one after the other: their rows together, in
+/// share order, and the rows processed in all.
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn run_shares(
+    qd: &mut pg_sys::QueryDesc,
+    shares: Vec<(Option<u64>, Vec<String>)>,
+) -> Result<sidecar::ForwardedRows, MrError> {
+    let (mut processed, mut rows) = (0u64, Vec::new());
+    for (node, partitions) in shares {
+        let (n, mut r) = match node {
+            // SAFETY: as this function's contract.
+            Some(node) => unsafe { forward_statement(qd, node, partitions) }?,
+            None => {
+                // SAFETY: as this function's contract.
+                let st = unsafe { statement_of(qd) };
+                if let Some(ms) = lock_timeout_for_parts() {
+                    crate::regions::spi::run_with(
+                        "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+                        vec![format!("{ms}ms").into()],
+                    );
+                }
+                let (types, vals): (Vec<String>, Vec<Option<String>>) =
+                    st.params.into_iter().unzip();
+                let (n, r) = exec_share(None, &st.sql, &types, &vals, &partitions);
+                (n, r)
+            }
+        };
+        processed += n;
+        rows.append(&mut r);
+    }
+    Ok((processed, rows))
+}
+
+/// Sends the statement of `qd` to `node` (over `partitions` of its target only, when not
+/// empty), beginning the remote transaction if needed.
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
@@ -455,9 +550,11 @@ pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
 unsafe fn forward_statement(
     qd: &mut pg_sys::QueryDesc,
     node: u64,
+    partitions: Vec<String>,
 ) -> Result<sidecar::ForwardedRows, MrError> {
     // SAFETY: as this function's contract.
     let mut statement = unsafe { statement_of(qd) };
+    statement.partitions = partitions;
     statement.lock_timeout_ms = FORWARDED.with(|f| {
         f.borrow()
             .get(&(qd as *mut pg_sys::QueryDesc as usize))
@@ -470,6 +567,7 @@ unsafe fn forward_statement(
             && depth == 0
             && (*qd.dest).mydest == pg_sys::CommandDest::DestRemote
     };
+    let split = !statement.partitions.is_empty();
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
     let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
     let (req, pin) = if let Some(i) = existing {
@@ -493,7 +591,7 @@ unsafe fn forward_statement(
         (req, None)
     } else {
         // One message when this statement is the whole transaction.
-        let autocommit = autocommit && !is_pinned() && !replication::has_local_changes();
+        let autocommit = autocommit && !split && !is_pinned() && !replication::has_local_changes();
         let session = new_session();
         let req = ForwardRequest {
             session: session.clone(),
@@ -588,6 +686,7 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             sql,
             params,
             lock_timeout_ms: None,
+            partitions: Vec::new(),
         }
     }
 }
@@ -776,8 +875,10 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
 
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
-/// with a NULL `row` when it returns none). Only pgmr calls this (EXECUTE is revoked from
-/// PUBLIC): the forwarding node vouches for the role over the authenticated peer link.
+/// with a NULL `row` when it returns none). With `partitions`, an UPDATE or DELETE changes
+/// only rows of those partitions of its target (one share of a statement split over several
+/// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
+/// vouches for the role over the authenticated peer link.
 #[pg_extern(schema = "multiregion")]
 #[allow(unsafe_code)]
 fn remote_exec(
@@ -786,6 +887,7 @@ fn remote_exec(
     sql: &str,
     types: Vec<String>,
     vals: Vec<Option<String>>,
+    partitions: default!(Vec<String>, "'{}'"),
 ) -> TableIterator<
     'static,
     (
@@ -793,19 +895,60 @@ fn remote_exec(
         name!(row, Option<Vec<Option<String>>>),
     ),
 > {
-    struct Serving {
-        prev_region: Option<String>,
-        user: Option<(pg_sys::Oid, i32)>,
-    }
-    impl Drop for Serving {
+    struct AsUser(Option<(pg_sys::Oid, i32)>);
+    impl Drop for AsUser {
         #[allow(unsafe_code)]
         fn drop(&mut self) {
-            SERVING.with(|s| s.set(s.get().saturating_sub(1)));
-            GATEWAY_REGION.with(|g| *g.borrow_mut() = self.prev_region.take());
-            if let Some((uid, cx)) = self.user {
+            if let Some((uid, cx)) = self.0 {
                 // SAFETY: restores the user id saved below, as fmgr_security_definer does.
                 unsafe { pg_sys::SetUserIdAndSecContext(uid, cx) };
             }
+        }
+    }
+    // SAFETY: the user id is switched as SECURITY DEFINER functions do and restored by the
+    // guard (and by abort).
+    let guard = unsafe {
+        let role_c = CString::new(role).unwrap_or_default();
+        let roleid = pg_sys::get_role_oid(role_c.as_ptr(), false);
+        let (mut uid, mut cx) = (pg_sys::InvalidOid, 0i32);
+        pg_sys::GetUserIdAndSecContext(&mut uid, &mut cx);
+        let guard = AsUser(Some((uid, cx)));
+        pg_sys::SetUserIdAndSecContext(roleid, cx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        guard
+    };
+    let (processed, rows) = exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
+    drop(guard);
+    let processed = processed as i64;
+    let mut out: Vec<(i64, Option<Vec<Option<String>>>)> =
+        rows.into_iter().map(|r| (processed, Some(r))).collect();
+    if out.is_empty() {
+        out.push((processed, None));
+    }
+    TableIterator::new(out)
+}
+
+/// Runs one SELECT, INSERT, UPDATE or DELETE through SPI as a statement served for another
+/// node's transaction (never routed again), with `gateway_region()` answering
+/// `gateway_region` when given, and over `partitions` of its target only when not empty:
+/// rows processed, and the rows as text.
+#[allow(unsafe_code)]
+fn exec_share(
+    gateway_region: Option<&str>,
+    sql: &str,
+    types: &[String],
+    vals: &[Option<String>],
+    partitions: &[String],
+) -> sidecar::ForwardedRows {
+    struct Serving {
+        prev_region: Option<Option<String>>,
+    }
+    impl Drop for Serving {
+        fn drop(&mut self) {
+            SERVING.with(|s| s.set(s.get().saturating_sub(1)));
+            if let Some(prev) = self.prev_region.take() {
+                GATEWAY_REGION.with(|g| *g.borrow_mut() = prev);
+            }
+            crate::region_filter::restrict(None);
         }
     }
     if types.len() != vals.len() {
@@ -817,26 +960,19 @@ fn remote_exec(
         .raise();
     }
     SERVING.with(|s| s.set(s.get() + 1));
-    let mut guard = Serving {
-        prev_region: GATEWAY_REGION.with(|g| g.borrow_mut().replace(gateway_region.to_string())),
-        user: None,
+    let guard = Serving {
+        prev_region: gateway_region
+            .map(|r| GATEWAY_REGION.with(|g| g.borrow_mut().replace(r.to_string()))),
     };
-    let mut out: Vec<(i64, Option<Vec<Option<String>>>)> = Vec::new();
+    let mut rows: Vec<Vec<Option<String>>> = Vec::new();
+    let processed;
     // SAFETY: SPI is connected and finished here, around one statement; the argument arrays
-    // outlive the call; result tuples are read before SPI_finish frees them. The user id is
-    // switched as SECURITY DEFINER functions do and restored by the guard (and by abort).
+    // outlive the call; result tuples are read before SPI_finish frees them.
     unsafe {
-        let role_c = CString::new(role).unwrap_or_default();
-        let roleid = pg_sys::get_role_oid(role_c.as_ptr(), false);
-        let (mut uid, mut cx) = (pg_sys::InvalidOid, 0i32);
-        pg_sys::GetUserIdAndSecContext(&mut uid, &mut cx);
-        guard.user = Some((uid, cx));
-        pg_sys::SetUserIdAndSecContext(roleid, cx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
-
         let mut argtypes = Vec::with_capacity(types.len());
         let mut values = Vec::with_capacity(types.len());
         let mut nulls = Vec::with_capacity(types.len());
-        for (t, v) in types.iter().zip(&vals) {
+        for (t, v) in types.iter().zip(vals) {
             let tc = CString::new(t.as_str()).unwrap_or_default();
             let (mut oid, mut typmod) = (pg_sys::InvalidOid, -1i32);
             pg_sys::parseTypeString(tc.as_ptr(), &mut oid, &mut typmod, false);
@@ -882,6 +1018,9 @@ fn remote_exec(
             }
             .raise();
         }
+        if !partitions.is_empty() {
+            crate::region_filter::restrict(Some(partitions.to_vec()));
+        }
         pg_sys::SPI_connect();
         let rc = pg_sys::SPI_execute_with_args(
             sql_c.as_ptr(),
@@ -896,7 +1035,7 @@ fn remote_exec(
             pg_sys::SPI_finish();
             MrError::Sidecar(format!("SPI_execute_with_args failed with code {rc}")).raise();
         }
-        let processed = pg_sys::SPI_processed as i64;
+        processed = pg_sys::SPI_processed;
         let tt = pg_sys::SPI_tuptable;
         if !tt.is_null() && rc != pg_sys::SPI_OK_UTILITY as i32 {
             let td = (*tt).tupdesc;
@@ -912,21 +1051,18 @@ fn remote_exec(
                         Some(CStr::from_ptr(v).to_string_lossy().into_owned())
                     });
                 }
-                out.push((processed, Some(row)));
+                rows.push(row);
             }
         }
         pg_sys::SPI_finish();
-        if out.is_empty() {
-            out.push((processed, None));
-        }
     }
     drop(guard);
-    TableIterator::new(out)
+    (processed, rows)
 }
 
 extension_sql!(
     r#"
-REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]) FROM PUBLIC;
 "#,
     name = "routing",
     requires = [remote_exec]

@@ -117,27 +117,45 @@ pub fn read_barrier(
     }
 }
 
-/// Where a statement over `targets` runs: `(enabled, forward_to)`; `forward_to: None` means
-/// here, and a read that stays here has passed its read barrier.
+/// Where a statement over `targets` runs; a read that stays here has passed its read barrier.
 pub fn route(
     database: String,
     targets: Vec<(mr_meta::TableRef, Option<String>)>,
     write: bool,
     modifies: bool,
-) -> Result<(bool, Option<u64>), MrError> {
+    splittable: bool,
+    txn_nodes: Vec<u64>,
+) -> Result<Route, MrError> {
     let req = LocalRequest::Route {
         database,
         targets,
         write,
         modifies,
+        splittable,
+        txn_nodes,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {
             enabled,
             forward_to,
-        } => Ok((enabled, forward_to)),
+            split,
+        } => Ok(Route {
+            enabled,
+            forward_to,
+            split,
+        }),
         other => Err(write_error("route", other)),
     }
+}
+
+/// Where a statement runs, as pgmr answers `Route`.
+pub struct Route {
+    /// Row replication is on.
+    pub enabled: bool,
+    /// Runs on that node; `None` (and no `split`): here.
+    pub forward_to: Option<u64>,
+    /// Runs on each of these leaseholders (`None`: here) over the partitions named.
+    pub split: Vec<(Option<u64>, Vec<String>)>,
 }
 
 /// A forwarded step's result: rows processed, and the rows returned as text.

@@ -62,6 +62,28 @@ INSERT INTO users VALUES (9, 'paris', 'gus');
 \echo :SQLSTATE
 SELECT count(*) FROM users;
 
+-- Statements that fix every column a computed region is made of read one partition: the
+-- region filter is derived before planning (as CockroachDB derives it), so they are routed to
+-- one leaseholder.
+EXPLAIN (COSTS OFF) SELECT * FROM users WHERE city = 'seattle' AND id = 3;
+EXPLAIN (COSTS OFF) UPDATE users SET name = 'x' WHERE id = 3 AND 'seattle' = city;
+EXPLAIN (COSTS OFF) DELETE FROM users WHERE city = 'boston' AND id = 99;
+SELECT id, name FROM users WHERE city = 'seattle' AND id IN (3, 5) ORDER BY id;
+-- A city no region has: no partition at all.
+EXPLAIN (COSTS OFF) SELECT * FROM users WHERE city = 'paris';
+-- Parameters of a custom plan count; a filter that does not fix the city does not.
+PREPARE by_city(text) AS SELECT id FROM users WHERE city = $1 ORDER BY id;
+EXPLAIN (COSTS OFF) EXECUTE by_city('boston');
+EXECUTE by_city('boston');
+EXPLAIN (COSTS OFF) SELECT * FROM users WHERE city = 'seattle' OR id = 1;
+EXPLAIN (COSTS OFF) SELECT * FROM users WHERE city LIKE 'sea%';
+-- Joins and subqueries get it per table; a view keeps its own text.
+EXPLAIN (COSTS OFF) SELECT u.id FROM users u JOIN accounts a ON a.id = u.id WHERE u.city = 'boston';
+CREATE VIEW boston_users AS SELECT id, name FROM users WHERE city = 'boston';
+SELECT pg_get_viewdef('boston_users');
+EXPLAIN (COSTS OFF) SELECT * FROM boston_users;
+DROP VIEW boston_users;
+
 -- Auto-rehoming: tables created while multiregion.enable_auto_rehoming is on move a row to
 -- the gateway's region whenever it is updated, unless the UPDATE sets the region itself.
 SET multiregion.enable_auto_rehoming = on;

@@ -503,13 +503,14 @@ async fn run_steps(
         }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
-            "SELECT processed, \"row\" FROM multiregion.remote_exec($1, $2, $3, $4, $5)",
+            "SELECT processed, \"row\" FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
         .bind(remote.role.clone())
         .bind(remote.gateway_region.clone())
         .bind(st.sql.clone())
         .bind(types)
         .bind(values)
+        .bind(st.partitions.clone())
         .fetch_all(&mut *conn)
         .await;
         let rows = match result {

@@ -185,6 +185,14 @@ pub struct Ranges {
 }
 
 /// The ranges a set of targets maps to.
+/// Where a statement runs: here, on one other node, or split over its leaseholders.
+pub struct Route {
+    pub enabled: bool,
+    pub forward_to: Option<u64>,
+    /// Each leaseholder (`None`: this node) and its partitions.
+    pub split: Vec<(Option<u64>, Vec<String>)>,
+}
+
 struct Resolved {
     enabled: bool,
     /// (range id, leaseholder).
@@ -849,15 +857,27 @@ impl Ranges {
         targets: &[(TableRef, Option<String>)],
         write: bool,
         modifies: bool,
-    ) -> Result<(bool, Option<u64>), WriteError> {
+        splittable: bool,
+        txn_nodes: &[u64],
+    ) -> Result<Route, WriteError> {
         let Resolved {
             enabled,
             ranges,
             expanded,
             ..
         } = self.resolve_settled(database, targets).await;
+        let here = |enabled| Route {
+            enabled,
+            forward_to: None,
+            split: Vec::new(),
+        };
+        let there = |node| Route {
+            enabled: true,
+            forward_to: Some(node),
+            split: Vec::new(),
+        };
         if !enabled || ranges.is_empty() {
-            return Ok((enabled, None));
+            return Ok(here(enabled));
         }
         // The leaseholder as this node's own replica sees it is fresher than the meta group's
         // record, which its leader writes after winning an election.
@@ -879,14 +899,21 @@ impl Ranges {
             .collect();
         if write {
             match one_holder {
-                Some(h) if h != self.me => return Ok((true, Some(h))),
+                Some(h) if h != self.me => return Ok(there(h)),
                 // A change is checked against the range's fence when it commits; a statement
                 // that only reads (a locking or REPEATABLE READ/SERIALIZABLE read) must not
                 // read a deposed or not yet serving leader's rows.
-                Some(_) if modifies => return Ok((true, None)),
+                Some(_) if modifies => return Ok(here(true)),
                 Some(_) => {
                     self.barrier(read).await?;
-                    return Ok((true, None));
+                    return Ok(here(true));
+                }
+                None if splittable => {
+                    return Ok(Route {
+                        enabled: true,
+                        forward_to: None,
+                        split: self.shares(targets, holder)?,
+                    })
                 }
                 None => {}
             }
@@ -907,15 +934,28 @@ impl Ranges {
                     hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into(),
                 });
             }
+            // Nor may it read here a range the transaction changed on its leaseholder: this
+            // copy has not seen those changes.
+            if let Some(&(range_id, h)) = read.iter().find(|&&(r, h)| {
+                holder(r, h).is_some_and(|h| h != self.me && txn_nodes.contains(&h))
+            }) {
+                let h = holder(range_id, h).unwrap_or_default();
+                return Err(WriteError::Unsupported {
+                    message: format!(
+                        "the statement reads ranges leased on different nodes, and this transaction has uncommitted changes on node {h}, which leases range {range_id}: read here, they would be missing"
+                    ),
+                    hint: "Name the rows' region so that the statement reads one partition (WHERE crdb_region = ... or the columns a computed region is made of), read in separate statements, or read after the commit.".into(),
+                });
+            }
             self.barrier(read).await?;
-            return Ok((true, None));
+            return Ok(here(true));
         }
         if ranges.iter().all(|&(r, _)| self.group(r).is_some()) {
             self.barrier(read).await?;
-            return Ok((true, None));
+            return Ok(here(true));
         }
         match one_holder {
-            Some(h) if h != self.me => Ok((true, Some(h))),
+            Some(h) if h != self.me => Ok(there(h)),
             _ => {
                 let (range_id, h) = ranges
                     .iter()
@@ -932,6 +972,39 @@ impl Ranges {
                 })
             }
         }
+    }
+
+    /// Each leaseholder of `targets` (partitions of one table) with the partitions it leases.
+    fn shares(
+        &self,
+        targets: &[(TableRef, Option<String>)],
+        holder: impl Fn(u64, Option<u64>) -> Option<u64>,
+    ) -> Result<Vec<(Option<u64>, Vec<String>)>, WriteError> {
+        let found: Vec<(String, u64, Option<u64>)> = self.meta.read(|s| {
+            targets
+                .iter()
+                .filter_map(|(t, p)| {
+                    let p = p.as_ref()?;
+                    let r = s
+                        .ranges()
+                        .find(|r| &r.table == t && r.partition.as_ref() == Some(p))?;
+                    Some((p.clone(), r.range_id, s.lease(r.range_id).map(|l| l.holder)))
+                })
+                .collect()
+        });
+        let mut shares: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (partition, range_id, recorded) in found {
+            let Some(h) = holder(range_id, recorded) else {
+                return Err(WriteError::Retryable(format!(
+                    "range {range_id} (partition {partition}) has no leaseholder yet"
+                )));
+            };
+            shares.entry(h).or_default().push(partition);
+        }
+        Ok(shares
+            .into_iter()
+            .map(|(h, p)| ((h != self.me).then_some(h), p))
+            .collect())
     }
 
     /// The range's read index: its leader's commit index, with leadership confirmed.

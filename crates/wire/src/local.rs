@@ -157,6 +157,14 @@ pub enum LocalRequest {
         /// that only reads on the leaseholder passes a read barrier instead.
         #[serde(default)]
         modifies: bool,
+        /// The statement may be split: an UPDATE or DELETE of one REGIONAL BY ROW table that
+        /// reads no other copy of it. Leased on several nodes, it then runs on each
+        /// leaseholder over that node's partitions ([`LocalResponse::Route`]'s `split`).
+        #[serde(default)]
+        splittable: bool,
+        /// Other nodes this transaction has a part on (changes this node's copies lack).
+        #[serde(default)]
+        txn_nodes: Vec<u64>,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
@@ -316,6 +324,10 @@ pub struct ForwardStatement {
     /// several nodes (a deadlock across nodes is invisible to each PostgreSQL's detector).
     #[serde(default)]
     pub lock_timeout_ms: Option<u64>,
+    /// Runs over these partitions of its target table only (a share of a statement split
+    /// over several leaseholders); empty: the whole statement.
+    #[serde(default)]
+    pub partitions: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -441,6 +453,10 @@ pub enum LocalResponse {
     Route {
         enabled: bool,
         forward_to: Option<u64>,
+        /// A splittable statement over partitions leased on several nodes: each leaseholder
+        /// (`None`: this node) and the partitions it runs the statement over.
+        #[serde(default)]
+        split: Vec<(Option<u64>, Vec<String>)>,
     },
     /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
     /// number of rows it processed.
