@@ -695,6 +695,7 @@ impl Node {
                     enabled: r.enabled,
                     forward_to: r.forward_to,
                     split: r.split,
+                    mixed: r.mixed,
                 },
                 Err(e) => crate::range::write_error(e),
             },

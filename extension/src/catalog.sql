@@ -74,6 +74,8 @@ DECLARE
     match_new text;
     inserted int;
     holders bigint;
+    moving_from text;
+    region_col name;
 BEGIN
     SELECT g.columns, g.relid INTO cols, parent FROM multiregion.global_key g
      WHERE g.relid = TG_RELID AND g.key_table = v_key_table
@@ -108,6 +110,11 @@ BEGIN
                         JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
         EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 1) s',
                        parent, match_old) INTO holders USING old_key;
+        -- A row this transaction moved to a partition leased on another node still holds
+        -- the key there.
+        IF holders = 0 AND multiregion.moved_away(parent, old_key) THEN
+            holders := 1;
+        END IF;
         IF holders = 0 THEN
             IF TG_OP = 'UPDATE' AND new_key IS NOT NULL
                AND NOT EXISTS (SELECT 1 FROM jsonb_each(new_key) e WHERE e.value = 'null') THEN
@@ -132,9 +139,25 @@ BEGIN
                                                    format_type(a.atttypid, a.atttypmod)), ' AND ')
                             FROM unnest(cols) c
                             JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
-            EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s',
-                           parent, match_new) INTO holders USING new_key;
-            IF holders > 1 THEN
+            -- Rows this transaction moves here from partitions leased on another node are
+            -- deleted there, out of sight of this copy: multiregion.moving_from names those
+            -- partitions while the moved rows are written (routing.rs, moved.rs).
+            moving_from := nullif(current_setting('multiregion.moving_from', true), '');
+            IF moving_from IS NOT NULL THEN
+                SELECT l.region_column INTO region_col FROM multiregion.table_locality l
+                 WHERE l.relid = parent;
+            END IF;
+            IF region_col IS NOT NULL THEN
+                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s AND %I::text <> ALL ($2) LIMIT 2) s',
+                               parent, match_new, region_col)
+                    INTO holders USING new_key, string_to_array(moving_from, ',');
+            ELSE
+                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s',
+                               parent, match_new) INTO holders USING new_key;
+            END IF;
+            -- A replica applies what the leaseholders decided, in each range's own order: a
+            -- row moved between ranges may arrive before its old copy leaves.
+            IF holders > 1 AND current_setting('session_replication_role') <> 'replica' THEN
                 RAISE EXCEPTION 'duplicate key value violates unique constraint "%"', v_constraint
                     USING ERRCODE = 'unique_violation',
                           DETAIL = format('Key (%s)=(%s) already exists.', array_to_string(cols, ', '),

@@ -9,6 +9,7 @@ mod error;
 mod gucs;
 mod hooks;
 mod insert_rows;
+mod moved;
 mod region_filter;
 mod regions;
 mod replication;

@@ -246,6 +246,13 @@ fn target(relid: pg_sys::Oid) -> Option<Rc<Target>> {
     t
 }
 
+/// The (schema, table, partition) a leaf partition of a replicated REGIONAL BY ROW table
+/// holds rows of.
+pub fn partition_of(relid: pg_sys::Oid) -> Option<(String, String, String)> {
+    let t = target(relid)?;
+    Some((t.schema.clone(), t.table.clone(), t.partition.clone()?))
+}
+
 /// Forgets what was cached about `relid` (all relations for `InvalidOid`).
 pub fn forget(relid: pg_sys::Oid) {
     crate::insert_rows::forget(relid);
@@ -364,6 +371,62 @@ pub unsafe fn statement_targets(
         .collect();
     targets.retain(|(t, p)| p.is_some() || !partitioned.contains(t));
     targets
+}
+
+/// Whether the statement may write rows into partitions of a replicated table other than
+/// the ones it was routed by: an INSERT into a partitioned table whose rows' partitions are
+/// not known before it runs, or an UPDATE of one that assigns its partition key (the region
+/// column, also when computed or rehomed). Such rows may belong to another leaseholder
+/// (`crate::moved`). Errs on the side of yes.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
+    use pg_sys::CmdType::*;
+    // SAFETY: as this function's contract; the plan's top node is a ModifyTable when its tag
+    // says so, and its lists are of the types PostgreSQL documents.
+    unsafe {
+        if !matches!(qd.operation, CMD_INSERT | CMD_UPDATE) {
+            return false;
+        }
+        let ps = &*qd.plannedstmt;
+        if ps.hasModifyingCTE {
+            return true;
+        }
+        let results = ps.resultRelations;
+        if results.is_null() || ps.rtable.is_null() {
+            return false;
+        }
+        // The root of an UPDATE over partitions, or the INSERT's target.
+        let mt = ps.planTree as *mut pg_sys::ModifyTable;
+        if mt.is_null() || (*mt).plan.type_ != pg_sys::NodeTag::T_ModifyTable {
+            return true;
+        }
+        let root = if (*mt).rootRelation > 0 {
+            (*mt).rootRelation as i32
+        } else {
+            pg_sys::list_nth_int(results, 0)
+        };
+        let rte = pg_sys::list_nth(ps.rtable, root - 1) as *mut pg_sys::RangeTblEntry;
+        if rte.is_null() || (*rte).relkind as u8 != b'p' || !is_replicated((*rte).relid) {
+            return false;
+        }
+        if qd.operation == CMD_INSERT {
+            return insert_partitions(qd).is_none();
+        }
+        let Some(table) = crate::rewrite::lookup((*rte).relid) else {
+            return true;
+        };
+        let lists = (*mt).updateColnosLists;
+        if lists.is_null() {
+            return true;
+        }
+        (0..(*lists).length).any(|i| {
+            let cols = pg_sys::list_nth(lists, i) as *mut pg_sys::List;
+            pg_sys::list_member_int(cols, table.region_attno.into())
+        })
+    }
 }
 
 /// Whether the statement is an UPDATE or DELETE whose only replicated relations are its
@@ -740,6 +803,8 @@ BEGIN
                        'FOR EACH ROW EXECUTE FUNCTION multiregion.capture_row()', v_rel);
         EXECUTE format('CREATE TRIGGER multiregion_capture_truncate AFTER TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION multiregion.capture_truncate()', v_rel);
+        EXECUTE format('CREATE TRIGGER multiregion_capture_route BEFORE INSERT ON %s '
+                       'FOR EACH ROW EXECUTE FUNCTION multiregion.route_row()', v_rel);
     END LOOP;
 END
 $fn$;

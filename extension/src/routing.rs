@@ -49,12 +49,26 @@ struct Forwarded {
     /// Split over several leaseholders: each (`None`: here) with the partitions of the
     /// statement's target it runs over. Empty: the whole statement runs on `node`.
     shares: Vec<(Option<u64>, Vec<String>)>,
+    /// It may write rows into partitions leased elsewhere (so it is never sent as a whole
+    /// autocommit transaction: those rows join the transaction after it ran).
+    may_move: bool,
+    /// The partitions rows it moves come from (an UPDATE's).
+    sources: Vec<String>,
     /// Runs with this lock timeout there (the transaction has parts on several nodes).
     lock_timeout_ms: Option<u64>,
     /// Its rows once it ran, and how many were handed to the destination.
     rows: Option<Vec<Vec<Option<String>>>>,
     next: usize,
     processed: u64,
+}
+
+/// A statement that runs here and may write rows for partitions leased elsewhere.
+#[derive(Clone)]
+struct Collect {
+    on_conflict: bool,
+    returning: bool,
+    /// The partitions rows it moves come from.
+    sources: Vec<String>,
 }
 
 /// This transaction's session on another node.
@@ -70,6 +84,9 @@ struct RemoteTxn {
 thread_local! {
     /// Statements to forward, by QueryDesc address.
     static FORWARDED: RefCell<HashMap<usize, Forwarded>> = RefCell::new(HashMap::new());
+    /// Statements that run here and may write rows into partitions leased elsewhere, by
+    /// QueryDesc address: whether they have ON CONFLICT, and RETURNING (`crate::moved`).
+    static COLLECT: RefCell<HashMap<usize, Collect>> = RefCell::new(HashMap::new());
     /// This transaction's sessions on other nodes, in the order they began.
     static REMOTE: RefCell<Vec<RemoteTxn>> = const { RefCell::new(Vec::new()) };
     /// This transaction's open subtransactions, outermost first.
@@ -91,6 +108,21 @@ thread_local! {
 /// The region `gateway_region()` answers: the forwarding node's while serving its statement.
 pub fn gateway_region_override() -> Option<String> {
     GATEWAY_REGION.with(|g| g.borrow().clone())
+}
+
+/// Runs `f` with `gateway_region()` answering `region` (when given), as a statement served for
+/// a node of that region would.
+pub fn with_gateway_region<R>(region: Option<String>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Option<String>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(prev) = self.0.take() {
+                GATEWAY_REGION.with(|g| *g.borrow_mut() = prev);
+            }
+        }
+    }
+    let _restore = Restore(region.map(|r| GATEWAY_REGION.with(|g| g.borrow_mut().replace(r))));
+    f()
 }
 
 /// This backend's database.
@@ -121,6 +153,7 @@ pub fn database() -> String {
 pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     let key = qd as *mut pg_sys::QueryDesc as usize;
     FORWARDED.with(|f| f.borrow_mut().remove(&key));
+    COLLECT.with(|c| c.borrow_mut().remove(&key));
     if gucs::sidecar_socket().is_none()
         || eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0
         || qd.plannedstmt.is_null()
@@ -166,6 +199,14 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     // SAFETY: the parameter list, if any, is valid for the query's life. PL/pgSQL passes one
     // with a fetch hook exactly when the statement uses its variables.
     let dynamic_params = unsafe { !qd.params.is_null() && (*qd.params).paramFetch.is_some() };
+    // SAFETY: as this function's contract.
+    let may_move = unsafe { replication::may_move_rows(qd) };
+    // The partitions rows an UPDATE moves come from: those it was planned over.
+    let sources: Vec<String> = if qd.operation == pg_sys::CmdType::CMD_UPDATE {
+        targets.iter().filter_map(|(_, p)| p.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let refuse_dynamic = |node: u64| {
         if dynamic_params {
             // PL/pgSQL resolves its variables while parsing: the statement's text alone
@@ -206,6 +247,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 Forwarded {
                     node,
                     shares: Vec::new(),
+                    may_move,
+                    sources: sources.clone(),
                     lock_timeout_ms: several.then(lock_timeout_for_parts).flatten(),
                     rows: None,
                     next: 0,
@@ -236,7 +279,18 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
     // that it sees its own writes there.
     let has_remotes = first_remote.is_some();
-    let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
+    // A statement the client sent (not one a function or trigger runs, such as a global key's
+    // check of this node's copy) must see the transaction's changes on other nodes.
+    // SAFETY: ActivePortal, when set, is the portal running this statement or its caller.
+    let client_statement = unsafe {
+        let p = pg_sys::ActivePortal;
+        !p.is_null() && (*p).sourceText == qd.sourceText
+    };
+    let txn_nodes = if client_statement {
+        REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect())
+    } else {
+        Vec::new()
+    };
     match sidecar::route(
         database(),
         targets,
@@ -259,6 +313,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     Forwarded {
                         node,
                         shares: r.split,
+                        may_move,
+                        sources: Vec::new(),
                         lock_timeout_ms,
                         rows: None,
                         next: 0,
@@ -267,14 +323,38 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 )
             });
         }
-        Ok(sidecar::Route {
-            forward_to: None, ..
-        }) => {
+        Ok(
+            r @ sidecar::Route {
+                forward_to: None, ..
+            },
+        ) => {
             if !write {
                 // SAFETY: as this function's contract.
                 unsafe { replication::fresh_snapshot(qd) };
             } else {
                 LOCAL_PART.with(|l| l.set(true));
+                if may_move || (r.mixed && qd.operation == pg_sys::CmdType::CMD_INSERT) {
+                    // SAFETY: the planned statement is valid for the query's life; its top
+                    // node is a ModifyTable when its tag says so.
+                    let on_conflict = unsafe {
+                        let mt = (*qd.plannedstmt).planTree as *mut pg_sys::ModifyTable;
+                        mt.is_null()
+                            || (*mt).plan.type_ != pg_sys::NodeTag::T_ModifyTable
+                            || (*mt).onConflictAction != pg_sys::OnConflictAction::ONCONFLICT_NONE
+                    };
+                    // SAFETY: as above.
+                    let returning = unsafe { (*qd.plannedstmt).hasReturning };
+                    COLLECT.with(|c| {
+                        c.borrow_mut().insert(
+                            key,
+                            Collect {
+                                on_conflict,
+                                returning,
+                                sources: sources.clone(),
+                            },
+                        )
+                    });
+                }
                 if has_remotes {
                     if let Some(ms) = lock_timeout_for_parts() {
                         crate::regions::spi::run_with(
@@ -342,7 +422,19 @@ pub unsafe fn executor_run(
         }
         RUN_DEPTH.with(|d| d.set(d.get() + 1));
         let _depth = Depth;
-        run();
+        match COLLECT.with(|c| c.borrow().get(&key).cloned()) {
+            Some(c) => {
+                let collecting = crate::moved::collect(c.on_conflict, c.returning);
+                run();
+                let moved = collecting.finish();
+                if !moved.is_empty() {
+                    let n = write_moved(moved, &c.sources).or_raise();
+                    // SAFETY: the QueryDesc has run; its estate is valid until ExecutorEnd.
+                    unsafe { (*(*qd).estate).es_processed += n };
+                }
+            }
+            None => run(),
+        }
         return;
     };
     // SAFETY: as this function's contract.
@@ -376,13 +468,22 @@ unsafe fn run_forwarded(
                 .map(|x| x.shares.clone())
                 .unwrap_or_default()
         });
-        let (processed, rows) = if shares.is_empty() {
+        let (mut processed, rows, moved) = if shares.is_empty() {
             // SAFETY: `qd` is started: its statement, text and parameters are valid.
             unsafe { forward_statement(qd, node, Vec::new()) }.or_raise()
         } else {
             // SAFETY: as above.
             unsafe { run_shares(qd, shares) }.or_raise()
         };
+        if !moved.is_empty() {
+            let sources = FORWARDED.with(|f| {
+                f.borrow()
+                    .get(&key)
+                    .map(|x| x.sources.clone())
+                    .unwrap_or_default()
+            });
+            processed += write_moved(moved, &sources).or_raise();
+        }
         FORWARDED.with(|f| {
             if let Some(x) = f.borrow_mut().get_mut(&key) {
                 x.rows = Some(rows);
@@ -502,11 +603,12 @@ unsafe fn run_forwarded(
 /// After a statement: forgets what was kept for it.
 pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
     FORWARDED.with(|f| f.borrow_mut().remove(&(qd as usize)));
+    COLLECT.with(|c| c.borrow_mut().remove(&(qd as usize)));
 }
 
 /// Runs a split statement's shares, each on its leaseholder over its partitions (this
 /// node's own through SPI in this transaction), one after the other: their rows together, in
-/// share order, and the rows processed in all.
+/// share order, and the rows processed in all, rows they moved to other partitions included.
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
@@ -515,30 +617,100 @@ unsafe fn run_shares(
     qd: &mut pg_sys::QueryDesc,
     shares: Vec<(Option<u64>, Vec<String>)>,
 ) -> Result<sidecar::ForwardedRows, MrError> {
-    let (mut processed, mut rows) = (0u64, Vec::new());
+    let (mut processed, mut rows, mut moved) = (0u64, Vec::new(), Vec::new());
     for (node, partitions) in shares {
-        let (n, mut r) = match node {
+        let (n, mut r, mut m) = match node {
             // SAFETY: as this function's contract.
-            Some(node) => unsafe { forward_statement(qd, node, partitions) }?,
+            Some(node) => unsafe { forward_statement(qd, node, partitions.clone()) }?,
             None => {
                 // SAFETY: as this function's contract.
                 let st = unsafe { statement_of(qd) };
-                if let Some(ms) = lock_timeout_for_parts() {
-                    crate::regions::spi::run_with(
-                        "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
-                        vec![format!("{ms}ms").into()],
-                    );
-                }
+                set_local_lock_timeout();
                 let (types, vals): (Vec<String>, Vec<Option<String>>) =
                     st.params.into_iter().unzip();
-                let (n, r) = exec_share(None, &st.sql, &types, &vals, &partitions);
-                (n, r)
+                exec_share(None, &st.sql, &types, &vals, &partitions)
             }
         };
         processed += n;
         rows.append(&mut r);
+        if !m.is_empty() {
+            moved.push((std::mem::take(&mut m), partitions));
+        }
     }
-    Ok((processed, rows))
+    // Written once every share has run, so that no share sees (and changes again) a row
+    // another share moved into its partitions, as one statement never sees its own rows.
+    for (m, sources) in moved {
+        processed += write_moved(m, &sources)?;
+    }
+    Ok((processed, rows, Vec::new()))
+}
+
+/// This transaction's statements here wait for locks no longer than a distributed lock
+/// timeout, as it has parts on other nodes.
+fn set_local_lock_timeout() {
+    if let Some(ms) = lock_timeout_for_parts() {
+        crate::regions::spi::run_with(
+            "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
+            vec![format!("{ms}ms").into()],
+        );
+    }
+}
+
+/// Writes rows a statement left for partitions leased elsewhere at their leaseholders (or
+/// here, where this node leases the partition), as parts of this transaction: the number of
+/// rows written. Rows an UPDATE moved come from `sources`, where the transaction deleted
+/// their old copies: those do not count against their globally unique keys.
+fn write_moved(moved: Vec<mr_wire::local::MovedRows>, sources: &[String]) -> Result<u64, MrError> {
+    let mut written = 0;
+    for m in moved {
+        let sql = crate::moved::insert_sql(&m);
+        let json = crate::moved::rows_json(&m);
+        let table = mr_meta::TableRef {
+            database: database(),
+            schema: m.schema.clone(),
+            table: m.table.clone(),
+        };
+        let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
+        let route = sidecar::route(
+            database(),
+            vec![(table, Some(m.partition.clone()))],
+            true,
+            true,
+            false,
+            txn_nodes,
+        )?;
+        let (n, _, again) = match route.forward_to {
+            Some(node) => {
+                let statement = ForwardStatement {
+                    sql,
+                    params: vec![("pg_catalog.json".into(), Some(json))],
+                    lock_timeout_ms: lock_timeout_for_parts(),
+                    partitions: Vec::new(),
+                    moving_from: sources.to_vec(),
+                };
+                send(node, statement, false)?
+            }
+            None => {
+                LOCAL_PART.with(|l| l.set(true));
+                set_local_lock_timeout();
+                gucs::set_moving_from(&sources.join(","));
+                let r = exec_share(None, &sql, &["pg_catalog.json".into()], &[Some(json)], &[]);
+                gucs::set_moving_from("");
+                r
+            }
+        };
+        if !again.is_empty() {
+            return Err(MrError::WriteNotServed {
+                message: format!(
+                    "the lease of partition {} of {}.{} moved while rows were written to it",
+                    m.partition, m.schema, m.table
+                ),
+                hint: "Retry the transaction.".into(),
+            });
+        }
+        written += n;
+    }
+    Ok(written)
 }
 
 /// Sends the statement of `qd` to `node` (over `partitions` of its target only, when not
@@ -567,7 +739,25 @@ unsafe fn forward_statement(
             && depth == 0
             && (*qd.dest).mydest == pg_sys::CommandDest::DestRemote
     };
-    let split = !statement.partitions.is_empty();
+    // A split statement's share, or one that may leave rows for other leaseholders, is never
+    // the whole transaction.
+    let whole = statement.partitions.is_empty()
+        && !FORWARDED.with(|f| {
+            f.borrow()
+                .get(&(qd as *mut pg_sys::QueryDesc as usize))
+                .is_some_and(|x| x.may_move)
+        });
+    send(node, statement, autocommit && whole)
+}
+
+/// Sends one statement to `node` in this transaction's session there, beginning it if
+/// needed; with `autocommit`, and no other part, it commits there in the same message.
+#[allow(unsafe_code)]
+fn send(
+    node: u64,
+    statement: ForwardStatement,
+    autocommit: bool,
+) -> Result<sidecar::ForwardedRows, MrError> {
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
     let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
     let (req, pin) = if let Some(i) = existing {
@@ -591,12 +781,12 @@ unsafe fn forward_statement(
         (req, None)
     } else {
         // One message when this statement is the whole transaction.
-        let autocommit = autocommit && !split && !is_pinned() && !replication::has_local_changes();
+        let autocommit = autocommit && !is_pinned() && !replication::has_local_changes();
         let session = new_session();
         let req = ForwardRequest {
             session: session.clone(),
             backend_pid: backend_pid(),
-            // SAFETY: reads backend state.
+            // SAFETY: inside a transaction.
             begin: Some(unsafe { begin_info() }?),
             savepoints: open.iter().map(|id| SavepointOp::Savepoint(*id)).collect(),
             statement: Some(statement),
@@ -687,6 +877,7 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             params,
             lock_timeout_ms: None,
             partitions: Vec::new(),
+            moving_from: Vec::new(),
         }
     }
 }
@@ -824,7 +1015,9 @@ pub fn pre_prepare() {
 /// Transaction end: an aborted transaction's remote part is rolled back (best effort: the
 /// remote session also ends when this backend is gone).
 pub fn at_end(aborted: bool) {
+    crate::moved::at_end();
     FORWARDED.with(|f| f.borrow_mut().clear());
+    COLLECT.with(|c| c.borrow_mut().clear());
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
     LOCAL_PART.with(|l| l.set(false));
     RUN_DEPTH.with(|d| d.set(0));
@@ -875,7 +1068,8 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
 
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
-/// with a NULL `row` when it returns none). With `partitions`, an UPDATE or DELETE changes
+/// with a NULL `row` when it returns none), and on the first, as JSON, the rows it left for
+/// partitions leased elsewhere (`crate::moved`). With `partitions`, an UPDATE or DELETE changes
 /// only rows of those partitions of its target (one share of a statement split over several
 /// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
 /// vouches for the role over the authenticated peer link.
@@ -893,6 +1087,7 @@ fn remote_exec(
     (
         name!(processed, i64),
         name!(row, Option<Vec<Option<String>>>),
+        name!(moved, Option<String>),
     ),
 > {
     struct AsUser(Option<(pg_sys::Oid, i32)>);
@@ -916,13 +1111,19 @@ fn remote_exec(
         pg_sys::SetUserIdAndSecContext(roleid, cx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         guard
     };
-    let (processed, rows) = exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
+    let (processed, rows, moved) =
+        exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
     drop(guard);
     let processed = processed as i64;
-    let mut out: Vec<(i64, Option<Vec<Option<String>>>)> =
-        rows.into_iter().map(|r| (processed, Some(r))).collect();
+    let mut out: Vec<(i64, Option<Vec<Option<String>>>, Option<String>)> = rows
+        .into_iter()
+        .map(|r| (processed, Some(r), None))
+        .collect();
     if out.is_empty() {
-        out.push((processed, None));
+        out.push((processed, None, None));
+    }
+    if !moved.is_empty() {
+        out[0].2 = serde_json::to_string(&moved).ok();
     }
     TableIterator::new(out)
 }
@@ -930,7 +1131,7 @@ fn remote_exec(
 /// Runs one SELECT, INSERT, UPDATE or DELETE through SPI as a statement served for another
 /// node's transaction (never routed again), with `gateway_region()` answering
 /// `gateway_region` when given, and over `partitions` of its target only when not empty:
-/// rows processed, and the rows as text.
+/// rows processed, the rows as text, and rows left for partitions leased elsewhere.
 #[allow(unsafe_code)]
 fn exec_share(
     gateway_region: Option<&str>,
@@ -966,6 +1167,7 @@ fn exec_share(
     };
     let mut rows: Vec<Vec<Option<String>>> = Vec::new();
     let processed;
+    let collecting: Option<crate::moved::Collecting>;
     // SAFETY: SPI is connected and finished here, around one statement; the argument arrays
     // outlive the call; result tuples are read before SPI_finish frees them.
     unsafe {
@@ -999,17 +1201,23 @@ fn exec_share(
         let sql_c = CString::new(sql).unwrap_or_default();
         // Exactly one SELECT, INSERT, UPDATE or DELETE (the forwarding node planned one).
         let parsed = pg_sys::raw_parser(sql_c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
-        let one_query = !parsed.is_null() && (*parsed).length == 1 && {
-            let raw = pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt;
-            let tag = (*(*raw).stmt).type_;
-            matches!(
-                tag,
-                pg_sys::NodeTag::T_SelectStmt
-                    | pg_sys::NodeTag::T_InsertStmt
-                    | pg_sys::NodeTag::T_UpdateStmt
-                    | pg_sys::NodeTag::T_DeleteStmt
-            )
+        let stmt = if !parsed.is_null() && (*parsed).length == 1 {
+            (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt
+        } else {
+            std::ptr::null_mut()
         };
+        let tag = if stmt.is_null() {
+            pg_sys::NodeTag::T_Invalid
+        } else {
+            (*stmt).type_
+        };
+        let one_query = matches!(
+            tag,
+            pg_sys::NodeTag::T_SelectStmt
+                | pg_sys::NodeTag::T_InsertStmt
+                | pg_sys::NodeTag::T_UpdateStmt
+                | pg_sys::NodeTag::T_DeleteStmt
+        );
         if !one_query {
             MrError::BadArgument {
                 what: "forwarded statement",
@@ -1021,6 +1229,24 @@ fn exec_share(
         if !partitions.is_empty() {
             crate::region_filter::restrict(Some(partitions.to_vec()));
         }
+        // An INSERT, or an UPDATE that moves rows, may write partitions leased elsewhere.
+        collecting = match tag {
+            pg_sys::NodeTag::T_InsertStmt => {
+                let ins = stmt as *mut pg_sys::InsertStmt;
+                Some(crate::moved::collect(
+                    !(*ins).onConflictClause.is_null(),
+                    !(*ins).returningList.is_null(),
+                ))
+            }
+            pg_sys::NodeTag::T_UpdateStmt => {
+                let upd = stmt as *mut pg_sys::UpdateStmt;
+                Some(crate::moved::collect(
+                    false,
+                    !(*upd).returningList.is_null(),
+                ))
+            }
+            _ => None,
+        };
         pg_sys::SPI_connect();
         let rc = pg_sys::SPI_execute_with_args(
             sql_c.as_ptr(),
@@ -1056,8 +1282,9 @@ fn exec_share(
         }
         pg_sys::SPI_finish();
     }
+    let moved = collecting.map(|c| c.finish()).unwrap_or_default();
     drop(guard);
-    (processed, rows)
+    (processed, rows, moved)
 }
 
 extension_sql!(

@@ -139,10 +139,12 @@ pub fn route(
             enabled,
             forward_to,
             split,
+            mixed,
         } => Ok(Route {
             enabled,
             forward_to,
             split,
+            mixed,
         }),
         other => Err(write_error("route", other)),
     }
@@ -156,10 +158,17 @@ pub struct Route {
     pub forward_to: Option<u64>,
     /// Runs on each of these leaseholders (`None`: here) over the partitions named.
     pub split: Vec<(Option<u64>, Vec<String>)>,
+    /// A write that runs here over ranges leased on several nodes.
+    pub mixed: bool,
 }
 
-/// A forwarded step's result: rows processed, and the rows returned as text.
-pub type ForwardedRows = (u64, Vec<Vec<Option<String>>>);
+/// A forwarded step's result: rows processed, the rows returned as text, and rows it left
+/// for partitions leased on other nodes ([`crate::moved`]).
+pub type ForwardedRows = (
+    u64,
+    Vec<Vec<Option<String>>>,
+    Vec<mr_wire::local::MovedRows>,
+);
 
 /// Longest wait for one forwarded step (pgmr's own bound is 600 s).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
@@ -181,7 +190,11 @@ pub fn forward(
         true
     };
     match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
-        LocalResponse::Forwarded { processed, rows } => Ok((processed, rows)),
+        LocalResponse::Forwarded {
+            processed,
+            rows,
+            moved,
+        } => Ok((processed, rows, moved)),
         other => Err(write_error("forward", other)),
     }
 }

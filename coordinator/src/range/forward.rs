@@ -89,6 +89,7 @@ impl Ranges {
             return LocalResponse::Forwarded {
                 processed: 0,
                 rows: Vec::new(),
+                moved: Vec::new(),
             };
         }
         let ends = req.finish.is_some();
@@ -224,6 +225,7 @@ impl Ranges {
                 return LocalResponse::Forwarded {
                     processed: 0,
                     rows: Vec::new(),
+                    moved: Vec::new(),
                 }
             }
             (None, None) => {
@@ -276,7 +278,11 @@ impl Ranges {
             }
         }
         match outcome {
-            Ok(Outcome::Rows((processed, rows))) => LocalResponse::Forwarded { processed, rows },
+            Ok(Outcome::Rows((processed, rows, moved))) => LocalResponse::Forwarded {
+                processed,
+                rows,
+                moved,
+            },
             // A part that wrote and locked nothing committed instead of preparing.
             Ok(Outcome::CommittedReadOnly) => LocalResponse::Done,
             Err(Step::Sql(e)) | Err(Step::Broken(e)) => LocalResponse::SqlError(e),
@@ -469,8 +475,8 @@ enum Outcome {
 
 /// A row as text, as `remote_exec` returns it.
 type TextRow = Vec<Option<String>>;
-/// Rows processed, and the rows returned.
-type Rows = (u64, Vec<TextRow>);
+/// Rows processed, the rows returned, and rows left for other partitions' leaseholders.
+type Rows = (u64, Vec<TextRow>, Vec<mr_wire::local::MovedRows>);
 
 async fn run_steps(
     conn: &mut PgConnection,
@@ -490,7 +496,7 @@ async fn run_steps(
             remote.failed.store(false, Ordering::SeqCst);
         }
     }
-    let mut out: Rows = (0, Vec::new());
+    let mut out: Rows = (0, Vec::new(), Vec::new());
     if let Some(st) = &req.statement {
         if let Some(ms) = st.lock_timeout_ms {
             let set = sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
@@ -501,9 +507,20 @@ async fn run_steps(
                 return Err(failed(remote, e));
             }
         }
+        let moving = !st.moving_from.is_empty();
+        if moving {
+            let set =
+                sqlx::query("SELECT pg_catalog.set_config('multiregion.moving_from', $1, true)")
+                    .bind(st.moving_from.join(","))
+                    .execute(&mut *conn)
+                    .await;
+            if let Err(e) = set {
+                return Err(failed(remote, e));
+            }
+        }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
-            "SELECT processed, \"row\" FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
+            "SELECT processed, \"row\", moved FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
         .bind(remote.role.clone())
         .bind(remote.gateway_region.clone())
@@ -518,16 +535,52 @@ async fn run_steps(
             Err(e) => return Err(failed(remote, e)),
         };
         for r in rows {
-            let decoded: Result<(i64, Option<TextRow>), sqlx::Error> =
-                r.try_get(0).and_then(|p| Ok((p, r.try_get(1)?)));
+            let decoded: Result<(i64, Option<TextRow>, Option<String>), sqlx::Error> = r
+                .try_get(0)
+                .and_then(|p| Ok((p, r.try_get(1)?, r.try_get(2)?)));
             match decoded {
-                Ok((processed, row)) => {
+                Ok((processed, row, moved)) => {
                     out.0 = processed.max(0) as u64;
                     out.1.extend(row);
+                    if let Some(m) = moved {
+                        match serde_json::from_str::<Vec<mr_wire::local::MovedRows>>(&m) {
+                            Ok(m) => out.2.extend(m),
+                            Err(e) => {
+                                return Err(Step::Broken(SqlError {
+                                    code: "XX000".into(),
+                                    message: format!(
+                                        "remote_exec returned unreadable moved rows: {e}"
+                                    ),
+                                    detail: None,
+                                    hint: None,
+                                }))
+                            }
+                        }
+                    }
                 }
                 Err(e) => return Err(Step::Broken(sql_error(&e))),
             }
         }
+        if moving {
+            let reset =
+                sqlx::query("SELECT pg_catalog.set_config('multiregion.moving_from', '', true)")
+                    .execute(&mut *conn)
+                    .await;
+            if let Err(e) = reset {
+                return Err(failed(remote, e));
+            }
+        }
+    }
+    // Rows left for other partitions' leaseholders join the transaction after this step:
+    // it cannot end here.
+    if !out.2.is_empty() && req.finish.is_some() {
+        let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        return Err(Step::Sql(SqlError {
+            code: "0A000".into(),
+            message: "the statement wrote rows into partitions leased on other nodes, and was sent to be committed at once".into(),
+            detail: None,
+            hint: Some("This is a bug in statement routing: please report it with the statement.".into()),
+        }));
     }
     match &req.finish {
         Some(Finish::Commit) => {

@@ -191,6 +191,8 @@ pub struct Route {
     pub forward_to: Option<u64>,
     /// Each leaseholder (`None`: this node) and its partitions.
     pub split: Vec<(Option<u64>, Vec<String>)>,
+    /// A write that runs here over ranges leased on several nodes.
+    pub mixed: bool,
 }
 
 struct Resolved {
@@ -870,11 +872,13 @@ impl Ranges {
             enabled,
             forward_to: None,
             split: Vec::new(),
+            mixed: false,
         };
         let there = |node| Route {
             enabled: true,
             forward_to: Some(node),
             split: Vec::new(),
+            mixed: false,
         };
         if !enabled || ranges.is_empty() {
             return Ok(here(enabled));
@@ -913,6 +917,7 @@ impl Ranges {
                         enabled: true,
                         forward_to: None,
                         split: self.shares(targets, holder)?,
+                        mixed: false,
                     })
                 }
                 None => {}
@@ -948,7 +953,10 @@ impl Ranges {
                 });
             }
             self.barrier(read).await?;
-            return Ok(here(true));
+            return Ok(Route {
+                mixed: true,
+                ..here(true)
+            });
         }
         if ranges.iter().all(|&(r, _)| self.group(r).is_some()) {
             self.barrier(read).await?;

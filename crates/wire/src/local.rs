@@ -328,6 +328,11 @@ pub struct ForwardStatement {
     /// over several leaseholders); empty: the whole statement.
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// Writes rows this transaction moves from these partitions of the same table, whose old
+    /// copies it deletes on another node: they do not count as other holders of a globally
+    /// unique key (`multiregion.moving_from` while it runs).
+    #[serde(default)]
+    pub moving_from: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -337,6 +342,18 @@ pub enum Finish {
     Rollback,
     /// `PREPARE TRANSACTION` as a participant of the origin's two-phase commit.
     Prepare(PrepareAs),
+}
+
+/// Rows a statement wrote into a partition leased on another node, left for the origin of
+/// its transaction to write at that partition's leaseholder (ARCHITECTURE.md §9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MovedRows {
+    pub schema: String,
+    pub table: String,
+    pub partition: String,
+    /// Each row as a JSON object of column name to its text form (null for NULL), as
+    /// `json_populate_recordset` reads it.
+    pub rows: Vec<String>,
 }
 
 /// Where a range's statements run, as `Route` answers.
@@ -457,12 +474,20 @@ pub enum LocalResponse {
         /// (`None`: this node) and the partitions it runs the statement over.
         #[serde(default)]
         split: Vec<(Option<u64>, Vec<String>)>,
+        /// A write that runs here although the ranges it touches are leased on several
+        /// nodes: rows it writes into ranges leased elsewhere must go there.
+        #[serde(default)]
+        mixed: bool,
     },
     /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
     /// number of rows it processed.
     Forwarded {
         processed: u64,
         rows: Vec<Vec<Option<String>>>,
+        /// Rows the statement wrote into partitions leased on other nodes: not written
+        /// there, for the origin to write at their leaseholders in the same transaction.
+        #[serde(default)]
+        moved: Vec<MovedRows>,
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),

@@ -18,7 +18,18 @@ use pgrx::prelude::*;
 /// `IF NOT EXISTS` on a schema that exists but is not the extension's, so a `multiregion`
 /// schema made by someone else is never adopted.
 #[pg_schema]
-mod multiregion {}
+mod multiregion {
+    use pgrx::prelude::*;
+
+    /// The BEFORE INSERT trigger that keeps rows for partitions leased elsewhere out of a
+    /// statement that collects them ([`crate::moved`]).
+    #[pg_trigger]
+    fn route_row<'a>(
+        trigger: &'a pgrx::PgTrigger<'a>,
+    ) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, PgHeapTupleError> {
+        crate::moved::route_row(trigger)
+    }
+}
 
 /// pgmr's unsigned counters and ids as `int8`, refusing a value that would wrap.
 fn bigint(field: &'static str, value: u64) -> Result<i64, MrError> {

@@ -24,6 +24,11 @@ struct ChangeRecord {
     /// ROW table behaves; absent in records written before it existed.
     #[serde(default)]
     auto_rehoming: bool,
+    /// `gateway_region()` where the change was made: every node runs the statement with it,
+    /// so that rows given a region by it (existing rows of a table made REGIONAL BY ROW, a
+    /// column added with that default) get the same region everywhere.
+    #[serde(default)]
+    gateway_region: Option<String>,
 }
 
 /// The database's replicated tables: every permanent table that is not a partition (a REGIONAL
@@ -57,6 +62,8 @@ pub(super) fn propose(
             .unwrap_or_default(),
         role: spi::one("SELECT current_user::text", vec![]).unwrap_or_default(),
         auto_rehoming: gucs::enable_auto_rehoming(),
+        gateway_region: crate::routing::gateway_region_override()
+            .or_else(|| gucs::locality().ok().map(|l| l.region().to_owned())),
     };
     let change = serde_json::to_string(&record).expect("a change record serializes");
     let localities = localities
@@ -126,7 +133,9 @@ fn apply(version: i64, change: &str) -> Result<(), MrError> {
         vec![record.auto_rehoming.to_string().as_str().into()],
     );
     spi::run(&format!("SET LOCAL ROLE {}", spi::ident(&record.role)));
-    execute::execute_one(&record.sql, Origin::Replicated)?;
+    crate::routing::with_gateway_region(record.gateway_region.clone(), || {
+        execute::execute_one(&record.sql, Origin::Replicated)
+    })?;
     spi::run("RESET ROLE");
     let (_, now) = catalog::load(false);
     if now != version {

@@ -1,0 +1,290 @@
+//! Rows a statement writes into partitions leased on other nodes (ARCHITECTURE.md §9).
+//!
+//! An INSERT with rows for several regions (a multi-row VALUES list, `INSERT … SELECT`) or an
+//! UPDATE that moves a row to another region (`SET crdb_region = …`, a new city under a
+//! computed region, auto-rehoming) writes rows into partitions that the node running it may
+//! not lease. While such a statement runs, the `multiregion_capture_route` BEFORE INSERT trigger keeps
+//! those rows out of this node's copy and collects them; once the statement has run, the
+//! origin of the transaction writes them at their leaseholders as parts of the same
+//! transaction (committed together by two-phase commit), where their uniqueness is checked
+//! and their locks are taken, as for any write there. What the statement itself would have
+//! to see of those rows cannot be had: `ON CONFLICT` (the conflict is decided where the row is
+//! leased) and `RETURNING` of such rows are refused instead.
+
+use crate::error::MrError;
+use crate::{replication, routing, sidecar};
+use mr_wire::local::MovedRows;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CStr;
+
+/// (schema, table, partition).
+type Partition = (String, String, String);
+
+/// One running statement whose rows may belong elsewhere.
+struct Scope {
+    /// Whether each partition met so far is leased here.
+    leased: HashMap<Partition, bool>,
+    on_conflict: bool,
+    returning: bool,
+    moved: BTreeMap<Partition, Vec<String>>,
+}
+
+thread_local! {
+    /// Innermost last: a statement run by another's trigger or function nests.
+    static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
+    /// Rows this transaction moved out of this node's copy (by their table), until it ends:
+    /// a key one of them holds still has a holder, elsewhere.
+    static MOVED_AWAY: RefCell<Vec<(String, String, serde_json::Map<String, serde_json::Value>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Transaction end: forgets the rows it moved away.
+pub fn at_end() {
+    MOVED_AWAY.with(|m| m.borrow_mut().clear());
+}
+
+/// Whether this transaction moved a row of table `parent` holding `key` (column to value)
+/// to another node's partition: a global key table keeps such a key (the row still holds it,
+/// where it went) rather than deleting it, which would cascade or fail foreign keys.
+#[pg_extern(schema = "multiregion")]
+#[allow(unsafe_code)]
+fn moved_away(parent: pg_sys::Oid, key: pgrx::JsonB) -> bool {
+    let serde_json::Value::Object(key) = key.0 else {
+        return false;
+    };
+    if MOVED_AWAY.with(|m| m.borrow().is_empty()) {
+        return false;
+    }
+    // SAFETY: catalog lookups by OID; NULL (no such relation) is checked.
+    let (schema, table) = unsafe {
+        let name = pg_sys::get_rel_name(parent);
+        let ns = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(parent));
+        if name.is_null() || ns.is_null() {
+            return false;
+        }
+        (
+            CStr::from_ptr(ns).to_string_lossy().into_owned(),
+            CStr::from_ptr(name).to_string_lossy().into_owned(),
+        )
+    };
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    MOVED_AWAY.with(|m| {
+        m.borrow().iter().any(|(s, t, row)| {
+            *s == schema
+                && *t == table
+                && key
+                    .iter()
+                    .all(|(k, v)| row.get(k).is_some_and(|r| text(r) == text(v)))
+        })
+    })
+}
+
+/// Collects rows for partitions leased elsewhere until [`Collecting::finish`] (or its drop,
+/// after an error, which discards them with the statement).
+pub struct Collecting {
+    depth: usize,
+    done: bool,
+}
+
+/// Starts collecting for a statement about to run. `on_conflict` and `returning` say what the
+/// statement needs to see of its rows.
+pub fn collect(on_conflict: bool, returning: bool) -> Collecting {
+    let depth = SCOPES.with(|s| {
+        let mut s = s.borrow_mut();
+        s.push(Scope {
+            leased: HashMap::new(),
+            on_conflict,
+            returning,
+            moved: BTreeMap::new(),
+        });
+        s.len()
+    });
+    Collecting { depth, done: false }
+}
+
+impl Collecting {
+    /// Stops collecting: the rows that belong elsewhere.
+    pub fn finish(mut self) -> Vec<MovedRows> {
+        self.done = true;
+        SCOPES.with(|s| {
+            let mut s = s.borrow_mut();
+            let scope = (s.len() == self.depth).then(|| s.pop()).flatten();
+            s.truncate(self.depth.saturating_sub(1));
+            scope
+                .map(|sc| {
+                    sc.moved
+                        .into_iter()
+                        .map(|((schema, table, partition), rows)| MovedRows {
+                            schema,
+                            table,
+                            partition,
+                            rows,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl Drop for Collecting {
+    fn drop(&mut self) {
+        if !self.done {
+            SCOPES.with(|s| s.borrow_mut().truncate(self.depth.saturating_sub(1)));
+        }
+    }
+}
+
+/// Whether this node leases `p`: asked of pgmr once per statement and partition.
+fn leased_here(p: &Partition) -> bool {
+    let table = mr_meta::TableRef {
+        database: routing::database(),
+        schema: p.0.clone(),
+        table: p.1.clone(),
+    };
+    match sidecar::route(
+        routing::database(),
+        vec![(table, Some(p.2.clone()))],
+        true,
+        true,
+        false,
+        Vec::new(),
+    ) {
+        Ok(r) => !r.enabled || r.forward_to.is_none(),
+        Err(e) => e.raise(),
+    }
+}
+
+/// BEFORE INSERT on every replicated table (`multiregion.route_row()`): a row for a partition
+/// leased on another node, inserted while a statement collects such rows, is kept out of this
+/// node's copy and collected; every other row passes untouched.
+#[allow(unsafe_code)]
+pub fn route_row<'a>(
+    trigger: &'a pgrx::PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, PgHeapTupleError> {
+    let new = trigger.new();
+    if SCOPES.with(|s| s.borrow().is_empty()) {
+        return Ok(new);
+    }
+    let td = trigger.trigger_data();
+    // SAFETY: PostgreSQL passes the trigger's relation, open and locked for the insert.
+    let relid = unsafe { (*td.tg_relation).rd_id };
+    let Some(partition) = replication::partition_of(relid) else {
+        return Ok(new);
+    };
+    let known = SCOPES.with(|s| {
+        s.borrow()
+            .last()
+            .and_then(|sc| sc.leased.get(&partition).copied())
+    });
+    let here = match known {
+        Some(h) => h,
+        None => {
+            let h = leased_here(&partition);
+            SCOPES.with(|s| {
+                if let Some(sc) = s.borrow_mut().last_mut() {
+                    sc.leased.insert(partition.clone(), h);
+                }
+            });
+            h
+        }
+    };
+    if here {
+        return Ok(new);
+    }
+    let (on_conflict, returning) = SCOPES.with(|s| {
+        s.borrow()
+            .last()
+            .map_or((false, false), |sc| (sc.on_conflict, sc.returning))
+    });
+    if on_conflict || returning {
+        MrError::WriteNotServed {
+            message: format!(
+                "a row for partition {} of {}.{} is leased on another node, and this statement {} it",
+                partition.2,
+                partition.0,
+                partition.1,
+                if on_conflict {
+                    "must check it for conflicts (ON CONFLICT) where it is leased to write"
+                } else {
+                    "returns (RETURNING)"
+                }
+            ),
+            hint: "Write each region's rows in their own statement, or without ON CONFLICT / RETURNING.".into(),
+        }
+        .raise();
+    }
+    // SAFETY: the trigger's new tuple and its relation's descriptor; SPI_getvalue and SPI_fname
+    // read one attribute of them into palloc'd text.
+    let row = unsafe {
+        let tuple = td.tg_trigtuple;
+        let desc = (*td.tg_relation).rd_att;
+        let mut obj = serde_json::Map::new();
+        for (i, a) in (*desc)
+            .attrs
+            .as_slice((*desc).natts as usize)
+            .iter()
+            .enumerate()
+        {
+            if a.attisdropped {
+                continue;
+            }
+            let n = i as i32 + 1;
+            let name = CStr::from_ptr(pg_sys::SPI_fname(desc, n))
+                .to_string_lossy()
+                .into_owned();
+            let v = pg_sys::SPI_getvalue(tuple, desc, n);
+            let value = if v.is_null() {
+                serde_json::Value::Null
+            } else {
+                serde_json::Value::String(CStr::from_ptr(v).to_string_lossy().into_owned())
+            };
+            obj.insert(name, value);
+        }
+        MOVED_AWAY.with(|m| {
+            m.borrow_mut()
+                .push((partition.0.clone(), partition.1.clone(), obj.clone()))
+        });
+        serde_json::Value::Object(obj).to_string()
+    };
+    SCOPES.with(|s| {
+        if let Some(sc) = s.borrow_mut().last_mut() {
+            sc.moved.entry(partition).or_default().push(row);
+        }
+    });
+    Ok(None)
+}
+
+/// The INSERT that writes a group of moved rows at their leaseholder: every column the rows
+/// can give (not generated ones, nor a region column computed from others, which the insert
+/// computes again), read from the rows' JSON as PostgreSQL reads a record. Identifiers are
+/// quoted by PostgreSQL.
+pub fn insert_sql(m: &MovedRows) -> String {
+    let row = crate::regions::spi::read_rows(
+        "SELECT format('INSERT INTO %I.%I (%s) SELECT %s FROM pg_catalog.json_populate_recordset(NULL::%I.%I, $1::pg_catalog.json)', \
+                $1, $2, cols, cols, $1, $2) \
+           FROM (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols \
+                   FROM pg_catalog.pg_attribute a \
+                  WHERE a.attrelid = pg_catalog.format('%I.%I', $1, $2)::regclass \
+                    AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+                    AND NOT EXISTS (SELECT FROM multiregion.table_locality l \
+                                     WHERE l.relid = a.attrelid AND l.region_column = a.attname \
+                                       AND l.region_expr_sql IS NOT NULL)) c",
+        vec![m.schema.clone().into(), m.table.clone().into()],
+    );
+    row.into_iter()
+        .next()
+        .and_then(|r| r.into_iter().next().flatten())
+        .unwrap_or_default()
+}
+
+/// The rows as the JSON array `insert_sql` reads.
+pub fn rows_json(m: &MovedRows) -> String {
+    format!("[{}]", m.rows.join(","))
+}
