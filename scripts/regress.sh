@@ -235,6 +235,23 @@ gateway_phase() {
         cat "$out/app.log"
         failed+=(gateway-app)
     fi
+    # The same app with row replication on: its rows, their moves between regions (the
+    # rehome UPDATEs) and the conversion's region assignment end up alike on every node.
+    local psql_gw=("$bindir/psql" -X -q -At -h 127.0.0.1 -p "$sql_port" -U root)
+    if ! { "${psql_gw[@]}" -d defaultdb \
+               -c "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')" \
+               -c "CREATE DATABASE movr_app_replicated" &&
+           "$venv/bin/python" "$root/regress/apps/movr_like.py" "$sql_port" movr_app_replicated &&
+           consistent=$("${psql_gw[@]}" -d movr_app_replicated -c \
+               "SELECT count(*) FILTER (WHERE NOT c.consistent) || ' of ' || count(*) \
+                  FROM multiregion.check_consistency() c \
+                  JOIN multiregion.ranges r USING (range_id) \
+                 WHERE r.database_name = 'movr_app_replicated'") &&
+           echo "replicas differing: $consistent" &&
+           [[ "$consistent" == "0 of "* && "$consistent" != "0 of 0" ]]; } >"$out/app-replicated.log" 2>&1; then
+        cat "$out/app-replicated.log"
+        failed+=(gateway-app-replicated)
+    fi
     kill -TERM "$demo" 2>/dev/null || true
     wait "$demo" 2>/dev/null || true
 }

@@ -673,8 +673,16 @@ impl Node {
             LocalRequest::CheckConsistency => LocalResponse::Consistency {
                 replicas: self.ranges().check_consistency().await,
             },
-            LocalRequest::ReadBarrier { database, targets } => {
-                match self.ranges().read_barrier(&database, &targets).await {
+            LocalRequest::ReadBarrier {
+                database,
+                targets,
+                local_only,
+            } => {
+                match self
+                    .ranges()
+                    .read_barrier(&database, &targets, local_only)
+                    .await
+                {
                     Ok(enabled) => LocalResponse::ReadBarrier { enabled },
                     Err(e) => crate::range::write_error(e),
                 }

@@ -1503,8 +1503,8 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
 /// An INSERT into a REGIONAL BY ROW table runs on the node leasing the partitions its rows
 /// go to, whichever node it is typed on: an explicit region, a parameter (custom and generic
 /// plans), the `gateway_region()` default, a region computed from another column (the MovR
-/// tutorial's `REGIONAL BY ROW AS region`), several rows of one region. Rows for several
-/// regions in one statement are refused (0A000) and change nothing. A serial column's
+/// tutorial's `REGIONAL BY ROW AS region`), several rows of one region; rows for several
+/// regions in one statement are each written at their own leaseholder. A serial column's
 /// sequence advances on every replica with the rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inserts_run_where_their_rows_partitions_are_leased() {
@@ -1556,18 +1556,16 @@ async fn inserts_run_where_their_rows_partitions_are_leased() {
         "INSERT INTO accounts (id, balance) VALUES (20, 1), (21, 1)",
     )
     .await;
-    // One statement, two regions' leaseholders: refused, nothing written.
-    let err = sqlx::raw_sql(
+    // One statement, two regions' leaseholders: each row is written at its own.
+    exec(
+        &mut m,
         "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1)",
     )
-    .execute(&mut m)
-    .await
-    .expect_err("rows for two leaseholders in one statement");
-    assert_eq!(code(&err), "0A000", "{err}");
+    .await;
     let expect_rides = "europe-west1:2 europe-west1:3 us-west1:1";
     let expect_accounts = "europe-west1:12 europe-west1:13 europe-west1:14 europe-west1:15 \
         europe-west1:16 europe-west1:17 europe-west1:18 europe-west1:19 us-east1:1 us-west1:10 \
-        us-west1:11 us-west1:2 us-west1:20 us-west1:21 europe-west1:3";
+        us-west1:11 us-west1:2 us-west1:20 us-west1:21 europe-west1:3 us-west1:30 europe-west1:31";
     for n in &nodes {
         let (rides, accounts): (String, String) = eventually(
             "rows on every node",
@@ -1581,7 +1579,7 @@ async fn inserts_run_where_their_rows_partitions_are_leased() {
                 .fetch_one(&mut c)
                 .await
                 .ok()?;
-                (r.0 == expect_rides && r.1.split(' ').count() == 15).then_some(r)
+                (r.0 == expect_rides && r.1.split(' ').count() == 17).then_some(r)
             },
         )
         .await;
@@ -1832,6 +1830,119 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
             },
         )
         .await;
+    }
+    check_consistency(&nodes[0]);
+}
+
+/// Rows a statement writes into partitions leased on other nodes go there, in the same
+/// transaction: a multi-region VALUES list and an `INSERT … SELECT` through one node, an
+/// UPDATE that moves a row between two other regions (its globally unique key still guards
+/// it afterwards), a rolled-back move, and the refusals where the statement would have to
+/// see such rows (ON CONFLICT, RETURNING). A table made REGIONAL BY ROW through the
+/// us-west1 node gives its existing rows that node's region on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_transaction() {
+    let dir = scratch("data-moved");
+    let nodes = start_cluster(dir.path(), 46, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+
+    exec(
+        &mut east,
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES \
+         ('us-west1', 10, 1), ('europe-west1', 11, 1), ('us-east1', 12, 1)",
+    )
+    .await;
+    let n = sqlx::raw_sql(
+        "INSERT INTO accounts (crdb_region, id, balance) \
+         SELECT (ARRAY['us-east1', 'us-west1', 'europe-west1'])[g % 3 + 1]::crdb_internal_region, g, 1 \
+         FROM generate_series(20, 25) g",
+    )
+    .execute(&mut east)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 6);
+    // Account 2 moves from us-west1 to europe-west1 through the us-east1 node.
+    let n = sqlx::raw_sql("UPDATE accounts SET crdb_region = 'europe-west1' WHERE id = 2")
+        .execute(&mut east)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(n, 1);
+    // A move rolled back leaves the row where it was.
+    exec(&mut west, "BEGIN").await;
+    exec(
+        &mut west,
+        "UPDATE accounts SET crdb_region = 'us-east1' WHERE id = 3",
+    )
+    .await;
+    exec(&mut west, "ROLLBACK").await;
+    // The moved account's key is still taken, in any region.
+    let err =
+        sqlx::raw_sql("INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 2, 1)")
+            .execute(&mut west)
+            .await
+            .expect_err("account 2 exists in europe-west1");
+    assert_eq!(code(&err), "23505", "{err}");
+    for sql in [
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) ON CONFLICT DO NOTHING",
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) RETURNING id",
+    ] {
+        let err = sqlx::raw_sql(sql).execute(&mut east).await.expect_err(sql);
+        assert_eq!(code(&err), "0A000", "{sql}: {err}");
+    }
+    let b = balances_converged(&nodes).await;
+    let got: Vec<(String, i32)> = b.into_iter().map(|r| (r.0, r.1)).collect();
+    let want: Vec<(String, i32)> = [
+        ("us-east1", 1),
+        ("europe-west1", 2),
+        ("europe-west1", 3),
+        ("us-west1", 10),
+        ("europe-west1", 11),
+        ("us-east1", 12),
+        ("europe-west1", 20),
+        ("us-east1", 21),
+        ("us-west1", 22),
+        ("europe-west1", 23),
+        ("us-east1", 24),
+        ("us-west1", 25),
+    ]
+    .into_iter()
+    .map(|(r, i)| (r.to_string(), i))
+    .collect();
+    assert_eq!(got, want);
+    no_prepared_transactions(&nodes).await;
+
+    // Existing rows of a table made REGIONAL BY ROW through the us-west1 node.
+    exec(
+        &mut west,
+        "CREATE TABLE notes (id int PRIMARY KEY, body text)",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("INSERT INTO notes SELECT g, 'n' FROM generate_series(1, 4) g")
+        .execute(&mut west)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    sqlx::query("SELECT multiregion.execute('ALTER TABLE notes SET LOCALITY REGIONAL BY ROW')")
+        .execute(&mut west)
+        .await
+        .unwrap();
+    for n in &nodes {
+        let regions: String = eventually("notes converted", Duration::from_secs(30), || async {
+            let mut c = connect(n, "mr").await?;
+            sqlx::query_scalar("SELECT string_agg(DISTINCT crdb_region::text, ',') FROM notes")
+                .fetch_one(&mut c)
+                .await
+                .ok()
+        })
+        .await;
+        assert_eq!(regions, "us-west1", "{}", n.data_dir.display());
     }
     check_consistency(&nodes[0]);
 }

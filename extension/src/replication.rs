@@ -79,6 +79,12 @@ pub fn without_capture<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether capture is off: a schema change is rewriting rows, on every node alike, so its
+/// statements are neither replicated nor routed.
+pub fn capture_suppressed() -> bool {
+    SUPPRESS.with(|s| *s.borrow() > 0)
+}
+
 /// Appends one change; called only by the capture triggers (EXECUTE is revoked from PUBLIC,
 /// so no session can forge changes that other nodes would apply as superuser).
 #[pg_extern(schema = "multiregion")]
@@ -564,7 +570,7 @@ pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     if targets.is_empty() {
         return;
     }
-    match sidecar::read_barrier(crate::routing::database(), targets) {
+    match sidecar::read_barrier(crate::routing::database(), targets, false) {
         Ok(false) => barrier_off_for_a_while(),
         // SAFETY: as this function's contract.
         Ok(true) => unsafe { fresh_snapshot(qd) },

@@ -171,6 +171,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     if replication::known_off() && REMOTE.with(|r| r.borrow().is_empty()) {
         return;
     }
+    if replication::capture_suppressed() {
+        return;
+    }
     if SERVING.with(Cell::get) > 0 {
         // SAFETY: as this function's contract.
         unsafe { replication::read_barrier(qd, eflags) };

@@ -109,8 +109,13 @@ fn write_error(request: &'static str, response: LocalResponse) -> MrError {
 pub fn read_barrier(
     database: String,
     targets: Vec<(mr_meta::TableRef, Option<String>)>,
+    local_only: bool,
 ) -> Result<bool, MrError> {
-    let req = LocalRequest::ReadBarrier { database, targets };
+    let req = LocalRequest::ReadBarrier {
+        database,
+        targets,
+        local_only,
+    };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::ReadBarrier { enabled } => Ok(enabled),
         other => Err(write_error("read_barrier", other)),

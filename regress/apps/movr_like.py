@@ -9,7 +9,7 @@ and the cities through a session it leaves open in its transaction, runs the reg
 locality DDL in separate transactions, and assigns each row's crdb_region. Exits non-zero
 on the first thing that does not behave as on CockroachDB.
 
-Usage: movr_like.py GATEWAY_PORT   (database movr_app must exist)
+Usage: movr_like.py GATEWAY_PORT [DATABASE]   (the database, movr_app by default, must exist)
 """
 
 import sys
@@ -21,7 +21,8 @@ from sqlalchemy.orm import declarative_base, sessionmaker
 from sqlalchemy_cockroachdb import run_transaction
 
 PORT = sys.argv[1]
-URL = f"cockroachdb://root@127.0.0.1:{PORT}/movr_app?sslmode=disable&application_name=movr-like"
+DATABASE = sys.argv[2] if len(sys.argv) > 2 else "movr_app"
+URL = f"cockroachdb://root@127.0.0.1:{PORT}/{DATABASE}?sslmode=disable&application_name=movr-like"
 CITIES = {
     "us-east1": ["new york", "boston"],
     "us-west1": ["seattle"],

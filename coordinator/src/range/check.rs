@@ -79,9 +79,14 @@ impl Ranges {
                 .collect()
         });
         let mut out = Vec::new();
-        for (range_id, replicas) in ranges {
+        'ranges: for (range_id, replicas) in ranges {
             let mut last = Vec::new();
             for attempt in 0..ATTEMPTS {
+                // A range dropped while the check runs (its table dropped or converted) has
+                // nothing left to compare.
+                if self.meta.read(|s| s.range(range_id).is_none()) {
+                    continue 'ranges;
+                }
                 let asks = replicas.iter().map(|(node, addr)| async move {
                     let r = if *node == self.me {
                         self.local_checksum(range_id).await

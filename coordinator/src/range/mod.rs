@@ -794,6 +794,7 @@ impl Ranges {
         &self,
         database: &str,
         targets: &[(TableRef, Option<String>)],
+        local_only: bool,
     ) -> Result<bool, WriteError> {
         let Resolved {
             enabled, ranges, ..
@@ -801,6 +802,10 @@ impl Ranges {
         if !enabled {
             return Ok(false);
         }
+        let ranges: Vec<_> = ranges
+            .into_iter()
+            .filter(|&(r, _)| !local_only || self.group(r).is_some())
+            .collect();
         self.barrier(ranges).await?;
         Ok(true)
     }

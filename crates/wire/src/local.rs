@@ -136,6 +136,10 @@ pub enum LocalRequest {
     ReadBarrier {
         database: String,
         targets: Vec<(TableRef, Option<String>)>,
+        /// Only the ranges this node holds a replica of (a schema change about to rewrite
+        /// this node's copies); otherwise a range without one is an error.
+        #[serde(default)]
+        local_only: bool,
     },
     /// Whether row replication is on (`multiregion.replication.enabled`):
     /// [`LocalResponse::ReadBarrier`] with `enabled`. Asked before sending a large write set.

@@ -54,6 +54,13 @@ fn is_ddl(sql: &str) -> bool {
 /// copy.
 pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
     if matches!(mr_sql::parse(sql), Ok(Some(_))) {
+        if matches!(origin, Origin::User) {
+            // The change rewrites this node's copies: they must hold every row written
+            // before it (a row just written through another node's lease arrives here
+            // through replication). Writes racing the change are not ordered with it yet
+            // (ARCHITECTURE.md §8, schema and data).
+            super::replicate::barrier_every_table()?;
+        }
         crate::replication::without_capture(|| execute_statement(sql, origin))
     } else {
         execute_statement(sql, origin)

@@ -104,6 +104,32 @@ pub(super) fn propose(
     Ok(())
 }
 
+/// Waits until this node's copy of every replicated table of this database holds every write
+/// committed before now (a read barrier on each range; nothing when replication is off).
+pub fn barrier_every_table() -> Result<(), MrError> {
+    if gucs::sidecar_socket().is_none() || crate::replication::known_off() {
+        return Ok(());
+    }
+    let database = catalog::database_name();
+    let targets: Vec<(TableRef, Option<String>)> = spi::rows(TABLES, vec![])
+        .into_iter()
+        .filter_map(|r| {
+            Some((
+                TableRef {
+                    database: database.clone(),
+                    schema: r.first()?.clone()?,
+                    table: r.get(1)?.clone()?,
+                },
+                None,
+            ))
+        })
+        .collect();
+    if targets.is_empty() {
+        return Ok(());
+    }
+    sidecar::read_barrier(database, targets, true).map(|_| ())
+}
+
 /// Applies schema change `version` committed by another node; does nothing if this database
 /// has applied it already. Called by pgmr only (superuser).
 #[pg_extern(schema = "multiregion")]
