@@ -167,7 +167,7 @@ async fn latencies_text(c: &mut PgConnection, sql: &str, n: usize) -> Vec<f64> {
 /// Transactions over several ranges: two ranges of one leaseholder, and a REGIONAL BY ROW
 /// table's us-east1 and us-west1 rows (leased 63 ms apart) through the us-east1 leaseholder's
 /// node, each against the same transaction on one range.
-async fn two_phase(nodes: &[Node], b: &mut PgConnection) {
+async fn two_phase(nodes: &[Node], b: &mut PgConnection) -> usize {
     exec(b, "CREATE TABLE kv2 (k int PRIMARY KEY, v int NOT NULL)").await;
     exec(
         b,
@@ -262,6 +262,78 @@ async fn two_phase(nodes: &[Node], b: &mut PgConnection) {
         cross,
         "189 ms (statement, prepare and commit: three round trips of 63 ms)",
     );
+    east_holder
+}
+
+/// Statements whose rows are leased on several nodes, through the us-east1 leaseholder of
+/// `rbr` (rows 1, 2 in us-east1, 101, 102 in us-west1): naming the row's region (one
+/// leaseholder), not naming it (split over the three regions' leaseholders), a region
+/// computed from a city (the filter derived from the city: one leaseholder), and a row moved
+/// to another region and back.
+async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize) {
+    let mut e = connect(&nodes[east], "bench").await;
+    let named = p50_p99(
+        latencies_text(
+            &mut e,
+            "UPDATE rbr SET v = v + 1 WHERE crdb_region = 'us-west1' AND k = 101",
+            50,
+        )
+        .await,
+    );
+    row(
+        "UPDATE of a us-west1 row naming its region, through the us-east1 leaseholder",
+        named,
+        "63 ms (one round trip: statement and commit in one message)",
+    );
+    let split = p50_p99(latencies_text(&mut e, "UPDATE rbr SET v = v + 1 WHERE k = 101", 50).await);
+    row(
+        "same row, without its region: split over the us-east1 (here), us-west1 and europe-west1 leaseholders",
+        split,
+        "63 + 87 (a share at each, one after the other) + 87 (prepare) + commit",
+    );
+    exec(
+        b,
+        "SELECT multiregion.execute('CREATE TABLE riders (id int, city text NOT NULL, v int NOT NULL DEFAULT 0,          region crdb_internal_region NOT NULL AS (CASE WHEN city = ''new york'' THEN ''us-east1''          WHEN city = ''seattle'' THEN ''us-west1'' ELSE ''europe-west1'' END) STORED,          PRIMARY KEY (city, id)) LOCALITY REGIONAL BY ROW AS region')",
+    )
+    .await;
+    let mut w = connect(&nodes[3], "bench").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(err) = sqlx::raw_sql("INSERT INTO riders (id, city) VALUES (1, 'seattle')")
+        .execute(&mut w)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let by_city = p50_p99(
+        latencies_text(
+            &mut e,
+            "UPDATE riders SET v = v + 1 WHERE city = 'seattle' AND id = 1",
+            50,
+        )
+        .await,
+    );
+    row(
+        "UPDATE of a seattle rider by city and id (region computed from the city), through the us-east1 node",
+        by_city,
+        "63 ms (the derived region filter: one leaseholder)",
+    );
+    let mut moves = Vec::new();
+    for i in 0..25 {
+        let (to, from) = if i % 2 == 0 {
+            ("us-west1", "us-east1")
+        } else {
+            ("us-east1", "us-west1")
+        };
+        let sql =
+            format!("UPDATE rbr SET crdb_region = '{to}' WHERE crdb_region = '{from}' AND k = 2");
+        moves.extend(latencies_text(&mut e, &sql, 1).await);
+    }
+    row(
+        "UPDATE moving a row between us-east1 (here) and us-west1, through the us-east1 leaseholder",
+        p50_p99(moves),
+        "189 ms (the moved row's INSERT there, prepare, commit: three round trips of 63 ms)",
+    );
 }
 
 fn row(what: &str, (p50, p99): (f64, f64), floor: &str) {
@@ -302,7 +374,8 @@ async fn main() {
          INSERT INTO plain_kv SELECT g, 0 FROM generate_series(1, 1000) g; \
          RESET session_replication_role; \
          ALTER TABLE plain_kv DISABLE TRIGGER multiregion_capture, \
-             DISABLE TRIGGER multiregion_capture_truncate",
+             DISABLE TRIGGER multiregion_capture_truncate, \
+             DISABLE TRIGGER multiregion_capture_route",
     )
     .await;
     exec(
@@ -396,7 +469,8 @@ async fn main() {
         west_read,
         "63 ms (RTT to the leaseholder)",
     );
-    two_phase(&nodes, &mut b).await;
+    let east = two_phase(&nodes, &mut b).await;
+    several_leaseholders(&nodes, &mut b, east).await;
     println!();
     let off = throughput(&nodes[holder], "plain_kv").await;
     let on = throughput(&nodes[holder], "kv").await;

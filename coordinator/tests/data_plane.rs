@@ -1658,6 +1658,30 @@ async fn under_region_survival_losing_a_region_leaves_every_table_writable() {
         },
     )
     .await;
+    // … and every node's replica of them is a voter in its Raft group already (the
+    // descriptor names the voters first; each is promoted from learner once caught up).
+    eventually(
+        "every replica promoted to voter",
+        Duration::from_secs(60),
+        || async {
+            for n in &nodes {
+                let mut c = connect(n, "mr").await?;
+                let learners: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM multiregion.range_replicas r \
+                     JOIN multiregion.ranges g USING (range_id) \
+                     WHERE g.database_name = 'mr' AND r.raft_state = 'learner'",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                if learners > 0 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
     exec(&mut m, "INSERT INTO audit VALUES (1, 'before')").await;
     drop(m);
 
@@ -1674,7 +1698,13 @@ async fn under_region_survival_losing_a_region_leaves_every_table_writable() {
     for (node, sql) in writes {
         eventually(sql, Duration::from_secs(30), || async {
             let mut c = connect(&nodes[node], "mr").await?;
-            sqlx::raw_sql(sql).execute(&mut c).await.ok().map(|_| ())
+            match sqlx::raw_sql(sql).execute(&mut c).await {
+                Ok(_) => Some(()),
+                Err(e) => {
+                    eprintln!("{sql}: {e}");
+                    None
+                }
+            }
         })
         .await;
     }
