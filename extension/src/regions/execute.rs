@@ -53,8 +53,8 @@ fn is_ddl(sql: &str) -> bool {
 /// copying a table) are not captured for replication: every node runs the change on its own
 /// copy.
 pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
-    if matches!(mr_sql::parse(sql), Ok(Some(_))) {
-        if matches!(origin, Origin::User) {
+    if let Ok(Some(stmt)) = mr_sql::parse(sql) {
+        if matches!(origin, Origin::User) && mr_sql::show_columns(&stmt).is_none() {
             // The change rewrites this node's copies: they must hold every row written
             // before it (a row just written through another node's lease arrives here
             // through replication). Writes racing the change are not ordered with it yet

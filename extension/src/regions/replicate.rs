@@ -111,7 +111,7 @@ pub fn barrier_every_table() -> Result<(), MrError> {
         return Ok(());
     }
     let database = catalog::database_name();
-    let targets: Vec<(TableRef, Option<String>)> = spi::rows(TABLES, vec![])
+    let targets: Vec<(TableRef, Option<String>)> = spi::read_rows(TABLES, vec![])
         .into_iter()
         .filter_map(|r| {
             Some((
