@@ -23,6 +23,9 @@ use std::ffi::CStr;
 /// (schema, table, partition).
 type Partition = (String, String, String);
 
+/// A row moved out of this node's copy: its table's (schema, name) and its columns.
+type MovedAway = (String, String, serde_json::Map<String, serde_json::Value>);
+
 /// One running statement whose rows may belong elsewhere.
 struct Scope {
     /// Whether each partition met so far is leased here.
@@ -37,8 +40,7 @@ thread_local! {
     static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
     /// Rows this transaction moved out of this node's copy (by their table), until it ends:
     /// a key one of them holds still has a holder, elsewhere.
-    static MOVED_AWAY: RefCell<Vec<(String, String, serde_json::Map<String, serde_json::Value>)>> =
-        const { RefCell::new(Vec::new()) };
+    static MOVED_AWAY: RefCell<Vec<MovedAway>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Transaction end: forgets the rows it moved away.

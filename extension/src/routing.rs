@@ -1069,6 +1069,9 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
     }
 }
 
+/// The columns of `remote_exec()`, in order.
+type RemoteExecRow = (i64, Option<Vec<Option<String>>>, Option<String>);
+
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
 /// with a NULL `row` when it returns none), and on the first, as JSON, the rows it left for
@@ -1077,7 +1080,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
 /// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
 /// vouches for the role over the authenticated peer link.
 #[pg_extern(schema = "multiregion")]
-#[allow(unsafe_code)]
+#[allow(unsafe_code, clippy::type_complexity)]
 fn remote_exec(
     role: &str,
     gateway_region: &str,
@@ -1118,7 +1121,7 @@ fn remote_exec(
         exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
     drop(guard);
     let processed = processed as i64;
-    let mut out: Vec<(i64, Option<Vec<Option<String>>>, Option<String>)> = rows
+    let mut out: Vec<RemoteExecRow> = rows
         .into_iter()
         .map(|r| (processed, Some(r), None))
         .collect();

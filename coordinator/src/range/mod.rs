@@ -185,12 +185,15 @@ pub struct Ranges {
 }
 
 /// The ranges a set of targets maps to.
+/// A split statement's shares: each leaseholder (`None`: this node) and its partitions.
+pub type Shares = Vec<(Option<u64>, Vec<String>)>;
+
 /// Where a statement runs: here, on one other node, or split over its leaseholders.
 pub struct Route {
     pub enabled: bool,
     pub forward_to: Option<u64>,
     /// Each leaseholder (`None`: this node) and its partitions.
-    pub split: Vec<(Option<u64>, Vec<String>)>,
+    pub split: Shares,
     /// A write that runs here over ranges leased on several nodes.
     pub mixed: bool,
 }
@@ -992,7 +995,7 @@ impl Ranges {
         &self,
         targets: &[(TableRef, Option<String>)],
         holder: impl Fn(u64, Option<u64>) -> Option<u64>,
-    ) -> Result<Vec<(Option<u64>, Vec<String>)>, WriteError> {
+    ) -> Result<Shares, WriteError> {
         let found: Vec<(String, u64, Option<u64>)> = self.meta.read(|s| {
             targets
                 .iter()
