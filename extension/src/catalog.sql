@@ -55,7 +55,9 @@ GRANT USAGE ON SCHEMA multiregion_keys TO PUBLIC;
 GRANT SELECT ON multiregion.database_config, multiregion.table_locality, multiregion.global_key
     TO PUBLIC;
 
--- Maintains a global key table from a REGIONAL BY ROW table's row triggers. A key leaves the
+-- Maintains a global key table from a REGIONAL BY ROW table's row triggers. Like the key
+-- table, its checks read this node's copy as it is (multiregion.count_local: no routing, no
+-- read barrier across the regions' leaseholders). A key leaves the
 -- key table only when no row holds it any more, so a row that moves between partitions (a
 -- rehome: PostgreSQL runs it as a DELETE and an INSERT) neither loses its key nor cascades a
 -- delete to rows that reference it. Runs as the extension's owner, so writers need no
@@ -108,8 +110,9 @@ BEGIN
                                                format_type(a.atttypid, a.atttypmod)), ' AND ')
                         FROM unnest(cols) c
                         JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
-        EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 1) s',
-                       parent, match_old) INTO holders USING old_key;
+        holders := multiregion.count_local(
+            format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 1) s', parent, match_old),
+            old_key, NULL);
         -- A row this transaction moved to a partition leased on another node still holds
         -- the key there.
         IF holders = 0 AND multiregion.moved_away(parent, old_key) THEN
@@ -148,12 +151,14 @@ BEGIN
                  WHERE l.relid = parent;
             END IF;
             IF region_col IS NOT NULL THEN
-                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s AND %I::text <> ALL ($2) LIMIT 2) s',
-                               parent, match_new, region_col)
-                    INTO holders USING new_key, string_to_array(moving_from, ',');
+                holders := multiregion.count_local(
+                    format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s AND %I::text <> ALL ($2) LIMIT 2) s',
+                           parent, match_new, region_col),
+                    new_key, string_to_array(moving_from, ','));
             ELSE
-                EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s',
-                               parent, match_new) INTO holders USING new_key;
+                holders := multiregion.count_local(
+                    format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s', parent, match_new),
+                    new_key, NULL);
             END IF;
             -- A replica applies what the leaseholders decided, in each range's own order: a
             -- row moved between ranges may arrive before its old copy leaves.

@@ -94,6 +94,9 @@ thread_local! {
     /// Above zero while this backend runs a statement another node forwarded here: it is
     /// never forwarded again.
     static SERVING: Cell<u32> = const { Cell::new(0) };
+    /// Above zero while the extension reads this node's copy as it is, on purpose
+    /// (`count_local`): no routing, no read barrier.
+    static LOCAL_READS: Cell<u32> = const { Cell::new(0) };
     /// The forwarding node's region while serving its statement (`gateway_region()`).
     static GATEWAY_REGION: RefCell<Option<String>> = const { RefCell::new(None) };
     /// Executor runs in progress: above zero, a statement is nested in another.
@@ -171,7 +174,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     if replication::known_off() && REMOTE.with(|r| r.borrow().is_empty()) {
         return;
     }
-    if replication::capture_suppressed() {
+    if replication::capture_suppressed() || LOCAL_READS.with(Cell::get) > 0 {
         return;
     }
     if SERVING.with(Cell::get) > 0 {
@@ -1293,10 +1296,36 @@ fn exec_share(
     (processed, rows, moved)
 }
 
+/// The count a query over this node's copy returns (`$1`: `key`, `$2`: `exclude`), read as
+/// the copy is: not routed to leaseholders and without a read barrier. For the global key
+/// tables' checks, which are of this node's copy by design (each node derives its key tables
+/// from the rows it holds); EXECUTE is revoked from PUBLIC.
+#[pg_extern(schema = "multiregion")]
+fn count_local(sql: &str, key: pgrx::JsonB, exclude: Option<Vec<String>>) -> i64 {
+    struct Local;
+    impl Drop for Local {
+        fn drop(&mut self) {
+            LOCAL_READS.with(|l| l.set(l.get().saturating_sub(1)));
+        }
+    }
+    LOCAL_READS.with(|l| l.set(l.get() + 1));
+    let _local = Local;
+    let args = vec![
+        pgrx::datum::DatumWithOid::from(key),
+        pgrx::datum::DatumWithOid::from(exclude),
+    ];
+    Spi::get_one_with_args::<i64>(sql, &args)
+        .unwrap_or_else(|e| {
+            MrError::Sidecar(format!("count_local: {e}")).raise();
+        })
+        .unwrap_or(0)
+}
+
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb, text[]) FROM PUBLIC;
 "#,
     name = "routing",
-    requires = [remote_exec]
+    requires = [remote_exec, count_local]
 );
