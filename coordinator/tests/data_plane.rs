@@ -1867,8 +1867,9 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
 /// Rows a statement writes into partitions leased on other nodes go there, in the same
 /// transaction: a multi-region VALUES list and an `INSERT … SELECT` through one node, an
 /// UPDATE that moves a row between two other regions (its globally unique key still guards
-/// it afterwards), a rolled-back move, and the refusals where the statement would have to
-/// see such rows (ON CONFLICT, RETURNING). A table made REGIONAL BY ROW through the
+/// it afterwards, and a moved row's other unique key still meets the rows it left behind), a
+/// rolled-back move, and the refusals where the statement would have to see such rows (ON
+/// CONFLICT, RETURNING). A table made REGIONAL BY ROW through the
 /// us-west1 node gives its existing rows that node's region on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_transaction() {
@@ -1944,6 +1945,41 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
     .collect();
     assert_eq!(got, want);
     no_prepared_transactions(&nodes).await;
+
+    // A moved row's other unique key is checked against every other row, also those left
+    // behind in the partition it moved out of.
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind(
+            "CREATE TABLE people (id int PRIMARY KEY, email text UNIQUE) LOCALITY REGIONAL BY ROW",
+        )
+        .execute(&mut east)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("INSERT INTO people VALUES (1, 'a'), (3, 'c')")
+        .execute(&mut east)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let err =
+        sqlx::raw_sql("UPDATE people SET crdb_region = 'europe-west1', email = 'c' WHERE id = 1")
+            .execute(&mut west)
+            .await
+            .expect_err("email c belongs to person 3");
+    assert_eq!(code(&err), "23505", "{err}");
+    exec(
+        &mut west,
+        "UPDATE people SET crdb_region = 'europe-west1' WHERE id = 1",
+    )
+    .await;
+    let moved: String =
+        sqlx::query_scalar("SELECT crdb_region::text || ':' || email FROM people WHERE id = 1")
+            .fetch_one(&mut east)
+            .await
+            .unwrap();
+    assert_eq!(moved, "europe-west1:a");
 
     // Existing rows of a table made REGIONAL BY ROW through the us-west1 node.
     exec(

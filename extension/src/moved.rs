@@ -3,7 +3,7 @@
 //! An INSERT with rows for several regions (a multi-row VALUES list, `INSERT … SELECT`) or an
 //! UPDATE that moves a row to another region (`SET crdb_region = …`, a new city under a
 //! computed region, auto-rehoming) writes rows into partitions that the node running it may
-//! not lease. While such a statement runs, the `multiregion_capture_route` BEFORE INSERT trigger keeps
+//! not lease. While such a statement runs, the `_multiregion_route` BEFORE INSERT trigger (named to fire before any other) keeps
 //! those rows out of this node's copy and collects them; once the statement has run, the
 //! origin of the transaction writes them at their leaseholders as parts of the same
 //! transaction (committed together by two-phase commit), where their uniqueness is checked
@@ -23,15 +23,21 @@ use std::ffi::CStr;
 /// (schema, table, partition).
 type Partition = (String, String, String);
 
-/// A row moved out of this node's copy: its table's (schema, name) and its columns.
-type MovedAway = (String, String, serde_json::Map<String, serde_json::Value>);
+/// A row moved out of this node's copy: the subtransaction that moved it, its table's
+/// (schema, name) and its columns.
+type MovedAway = (
+    pg_sys::SubTransactionId,
+    String,
+    String,
+    serde_json::Map<String, serde_json::Value>,
+);
 
 /// One running statement whose rows may belong elsewhere.
 struct Scope {
     /// Whether each partition met so far is leased here.
     leased: HashMap<Partition, bool>,
-    on_conflict: bool,
-    returning: bool,
+    /// Why such rows cannot leave this statement, if they cannot.
+    refuse: Option<&'static str>,
     moved: BTreeMap<Partition, Vec<String>>,
 }
 
@@ -46,6 +52,11 @@ thread_local! {
 /// Transaction end: forgets the rows it moved away.
 pub fn at_end() {
     MOVED_AWAY.with(|m| m.borrow_mut().clear());
+}
+
+/// A subtransaction rolled back: the rows it (or one inside it) moved are back.
+pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
+    MOVED_AWAY.with(|m| m.borrow_mut().retain(|(s, ..)| *s < sub));
 }
 
 /// Whether this transaction moved a row of table `parent` holding `key` (column to value)
@@ -72,17 +83,10 @@ fn moved_away(parent: pg_sys::Oid, key: pgrx::JsonB) -> bool {
             CStr::from_ptr(name).to_string_lossy().into_owned(),
         )
     };
-    let text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
+    // Both sides are to_jsonb of the row's columns: equal values are equal JSON.
     MOVED_AWAY.with(|m| {
-        m.borrow().iter().any(|(s, t, row)| {
-            *s == schema
-                && *t == table
-                && key
-                    .iter()
-                    .all(|(k, v)| row.get(k).is_some_and(|r| text(r) == text(v)))
+        m.borrow().iter().any(|(_, s, t, row)| {
+            *s == schema && *t == table && key.iter().all(|(k, v)| row.get(k) == Some(v))
         })
     })
 }
@@ -94,15 +98,14 @@ pub struct Collecting {
     done: bool,
 }
 
-/// Starts collecting for a statement about to run. `on_conflict` and `returning` say what the
-/// statement needs to see of its rows.
-pub fn collect(on_conflict: bool, returning: bool) -> Collecting {
+/// Starts collecting for a statement about to run; `refuse` says why it must see all its rows
+/// itself, if it must (ON CONFLICT, RETURNING, a data-modifying WITH).
+pub fn collect(refuse: Option<&'static str>) -> Collecting {
     let depth = SCOPES.with(|s| {
         let mut s = s.borrow_mut();
         s.push(Scope {
             leased: HashMap::new(),
-            on_conflict,
-            returning,
+            refuse,
             moved: BTreeMap::new(),
         });
         s.len()
@@ -200,61 +203,38 @@ pub fn route_row<'a>(
     if here {
         return Ok(new);
     }
-    let (on_conflict, returning) = SCOPES.with(|s| {
-        s.borrow()
-            .last()
-            .map_or((false, false), |sc| (sc.on_conflict, sc.returning))
-    });
-    if on_conflict || returning {
+    if let Some(why) = SCOPES.with(|s| s.borrow().last().and_then(|sc| sc.refuse)) {
         MrError::WriteNotServed {
             message: format!(
-                "a row for partition {} of {}.{} is leased on another node, and this statement {} it",
-                partition.2,
-                partition.0,
-                partition.1,
-                if on_conflict {
-                    "must check it for conflicts (ON CONFLICT) where it is leased to write"
-                } else {
-                    "returns (RETURNING)"
-                }
+                "a row for partition {} of {}.{} is leased on another node, and this statement {why}",
+                partition.2, partition.0, partition.1
             ),
-            hint: "Write each region's rows in their own statement, or without ON CONFLICT / RETURNING.".into(),
+            hint: "Write each region's rows in their own statement, or without ON CONFLICT, RETURNING or a data-modifying WITH.".into(),
         }
         .raise();
     }
-    // SAFETY: the trigger's new tuple and its relation's descriptor; SPI_getvalue and SPI_fname
-    // read one attribute of them into palloc'd text.
-    let row = unsafe {
-        let tuple = td.tg_trigtuple;
-        let desc = (*td.tg_relation).rd_att;
-        let mut obj = serde_json::Map::new();
-        for (i, a) in (*desc)
-            .attrs
-            .as_slice((*desc).natts as usize)
-            .iter()
-            .enumerate()
-        {
-            if a.attisdropped {
-                continue;
-            }
-            let n = i as i32 + 1;
-            let name = CStr::from_ptr(pg_sys::SPI_fname(desc, n))
-                .to_string_lossy()
-                .into_owned();
-            let v = pg_sys::SPI_getvalue(tuple, desc, n);
-            let value = if v.is_null() {
-                serde_json::Value::Null
-            } else {
-                serde_json::Value::String(CStr::from_ptr(v).to_string_lossy().into_owned())
-            };
-            obj.insert(name, value);
-        }
+    // The row as replication captures it (to_jsonb: typed JSON values, json columns as JSON).
+    // SAFETY: the trigger's new tuple and its open relation; the composite datum is built in
+    // the current memory context and read by SPI before the trigger returns.
+    let row: String = unsafe {
+        let rel = td.tg_relation;
+        let datum = pg_sys::heap_copy_tuple_as_datum(td.tg_trigtuple, (*rel).rd_att);
+        let arg = pgrx::datum::DatumWithOid::new(datum, (*(*rel).rd_rel).reltype);
+        Spi::get_one_with_args::<String>("SELECT pg_catalog.to_jsonb($1)::text", &[arg])
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                MrError::Sidecar("could not read a row for another node's partition".into()).raise()
+            })
+    };
+    if let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(&row) {
+        // SAFETY: reads the current subtransaction's id.
+        let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
         MOVED_AWAY.with(|m| {
             m.borrow_mut()
-                .push((partition.0.clone(), partition.1.clone(), obj.clone()))
+                .push((sub, partition.0.clone(), partition.1.clone(), obj))
         });
-        serde_json::Value::Object(obj).to_string()
-    };
+    }
     SCOPES.with(|s| {
         if let Some(sc) = s.borrow_mut().last_mut() {
             sc.moved.entry(partition).or_default().push(row);
@@ -263,13 +243,13 @@ pub fn route_row<'a>(
     Ok(None)
 }
 
-/// The INSERT that writes a group of moved rows at their leaseholder: every column the rows
-/// can give (not generated ones, nor a region column computed from others, which the insert
-/// computes again), read from the rows' JSON as PostgreSQL reads a record. Identifiers are
-/// quoted by PostgreSQL.
+/// The INSERT that writes a group of moved rows at their leaseholder, as the appliers write
+/// replicated rows: every column the rows can give (not generated ones, nor a region column
+/// computed from others, which the insert computes again), identity columns included, read
+/// from the rows' to_jsonb form. Identifiers are quoted by PostgreSQL.
 pub fn insert_sql(m: &MovedRows) -> String {
     let row = crate::regions::spi::read_rows(
-        "SELECT format('INSERT INTO %I.%I (%s) SELECT %s FROM pg_catalog.json_populate_recordset(NULL::%I.%I, $1::pg_catalog.json)', \
+        "SELECT format('INSERT INTO %I.%I (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM pg_catalog.jsonb_populate_recordset(NULL::%I.%I, $1::pg_catalog.jsonb)', \
                 $1, $2, cols, cols, $1, $2) \
            FROM (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols \
                    FROM pg_catalog.pg_attribute a \

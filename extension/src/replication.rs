@@ -424,13 +424,23 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
         let Some(table) = crate::rewrite::lookup((*rte).relid) else {
             return true;
         };
+        // Each result relation's list holds its own column numbers (a partition made after a
+        // column was dropped numbers them differently from the table).
         let lists = (*mt).updateColnosLists;
-        if lists.is_null() {
+        if lists.is_null() || (*lists).length != (*results).length {
             return true;
         }
+        let column = std::ffi::CString::new(table.region_column.as_str()).unwrap_or_default();
         (0..(*lists).length).any(|i| {
             let cols = pg_sys::list_nth(lists, i) as *mut pg_sys::List;
-            pg_sys::list_member_int(cols, table.region_attno.into())
+            let leaf = pg_sys::list_nth(ps.rtable, pg_sys::list_nth_int(results, i) - 1)
+                as *mut pg_sys::RangeTblEntry;
+            let attno = if leaf.is_null() {
+                table.region_attno
+            } else {
+                pg_sys::get_attnum((*leaf).relid, column.as_ptr())
+            };
+            pg_sys::list_member_int(cols, attno.into())
         })
     }
 }
@@ -809,7 +819,7 @@ BEGIN
                        'FOR EACH ROW EXECUTE FUNCTION multiregion.capture_row()', v_rel);
         EXECUTE format('CREATE TRIGGER multiregion_capture_truncate AFTER TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION multiregion.capture_truncate()', v_rel);
-        EXECUTE format('CREATE TRIGGER multiregion_capture_route BEFORE INSERT ON %s '
+        EXECUTE format('CREATE TRIGGER "_multiregion_route" BEFORE INSERT ON %s '
                        'FOR EACH ROW EXECUTE FUNCTION multiregion.route_row()', v_rel);
     END LOOP;
 END

@@ -56,7 +56,7 @@ unsafe extern "C-unwind" {
 #[derive(Debug)]
 pub(crate) struct RbrTable {
     pub(crate) region_attno: i16,
-    region_column: String,
+    pub(crate) region_column: String,
     hidden: bool,
     /// The computed region column's expression, as SQL over the table's columns.
     pub(crate) computed: Option<String>,

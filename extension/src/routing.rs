@@ -65,11 +65,16 @@ struct Forwarded {
 /// A statement that runs here and may write rows for partitions leased elsewhere.
 #[derive(Clone)]
 struct Collect {
-    on_conflict: bool,
-    returning: bool,
+    /// Why it must see every row it writes itself, if it must.
+    refuse: Option<&'static str>,
     /// The partitions rows it moves come from.
     sources: Vec<String>,
 }
+
+/// Why a statement that wrote rows for another node's partition could not let them go.
+const ON_CONFLICT: &str = "must check it for conflicts (ON CONFLICT) where it is leased";
+const RETURNING: &str = "returns it (RETURNING)";
+const MODIFYING_WITH: &str = "has a data-modifying WITH that would not see it";
 
 /// This transaction's session on another node.
 struct RemoteTxn {
@@ -285,18 +290,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
     // that it sees its own writes there.
     let has_remotes = first_remote.is_some();
-    // A statement the client sent (not one a function or trigger runs, such as a global key's
-    // check of this node's copy) must see the transaction's changes on other nodes.
-    // SAFETY: ActivePortal, when set, is the portal running this statement or its caller.
-    let client_statement = unsafe {
-        let p = pg_sys::ActivePortal;
-        !p.is_null() && (*p).sourceText == qd.sourceText
-    };
-    let txn_nodes = if client_statement {
-        REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect())
-    } else {
-        Vec::new()
-    };
+    // The nodes where this transaction has changes this node's copies lack.
+    let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
     match sidecar::route(
         database(),
         targets,
@@ -342,20 +337,29 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 if may_move || (r.mixed && qd.operation == pg_sys::CmdType::CMD_INSERT) {
                     // SAFETY: the planned statement is valid for the query's life; its top
                     // node is a ModifyTable when its tag says so.
-                    let on_conflict = unsafe {
-                        let mt = (*qd.plannedstmt).planTree as *mut pg_sys::ModifyTable;
-                        mt.is_null()
+                    let refuse = unsafe {
+                        let ps = &*qd.plannedstmt;
+                        let mt = ps.planTree as *mut pg_sys::ModifyTable;
+                        if ps.hasModifyingCTE
+                            || mt.is_null()
                             || (*mt).plan.type_ != pg_sys::NodeTag::T_ModifyTable
-                            || (*mt).onConflictAction != pg_sys::OnConflictAction::ONCONFLICT_NONE
+                        {
+                            Some(MODIFYING_WITH)
+                        } else if (*mt).onConflictAction
+                            != pg_sys::OnConflictAction::ONCONFLICT_NONE
+                        {
+                            Some(ON_CONFLICT)
+                        } else if ps.hasReturning {
+                            Some(RETURNING)
+                        } else {
+                            None
+                        }
                     };
-                    // SAFETY: as above.
-                    let returning = unsafe { (*qd.plannedstmt).hasReturning };
                     COLLECT.with(|c| {
                         c.borrow_mut().insert(
                             key,
                             Collect {
-                                on_conflict,
-                                returning,
+                                refuse,
                                 sources: sources.clone(),
                             },
                         )
@@ -430,7 +434,7 @@ pub unsafe fn executor_run(
         let _depth = Depth;
         match COLLECT.with(|c| c.borrow().get(&key).cloned()) {
             Some(c) => {
-                let collecting = crate::moved::collect(c.on_conflict, c.returning);
+                let collecting = crate::moved::collect(c.refuse);
                 run();
                 let moved = collecting.finish();
                 if !moved.is_empty() {
@@ -1066,6 +1070,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
             if abort {
                 // Statements of the rolled-back subtransaction that never ended.
                 RUN_DEPTH.with(|d| d.set(0));
+                crate::moved::sub_aborted(my);
             }
         }
         _ => {}
@@ -1242,17 +1247,25 @@ fn exec_share(
         collecting = match tag {
             pg_sys::NodeTag::T_InsertStmt => {
                 let ins = stmt as *mut pg_sys::InsertStmt;
-                Some(crate::moved::collect(
-                    !(*ins).onConflictClause.is_null(),
-                    !(*ins).returningList.is_null(),
-                ))
+                Some(crate::moved::collect(if !(*ins).withClause.is_null() {
+                    Some(MODIFYING_WITH)
+                } else if !(*ins).onConflictClause.is_null() {
+                    Some(ON_CONFLICT)
+                } else if !(*ins).returningList.is_null() {
+                    Some(RETURNING)
+                } else {
+                    None
+                }))
             }
             pg_sys::NodeTag::T_UpdateStmt => {
                 let upd = stmt as *mut pg_sys::UpdateStmt;
-                Some(crate::moved::collect(
-                    false,
-                    !(*upd).returningList.is_null(),
-                ))
+                Some(crate::moved::collect(if !(*upd).withClause.is_null() {
+                    Some(MODIFYING_WITH)
+                } else if !(*upd).returningList.is_null() {
+                    Some(RETURNING)
+                } else {
+                    None
+                }))
             }
             _ => None,
         };
@@ -1296,12 +1309,17 @@ fn exec_share(
     (processed, rows, moved)
 }
 
-/// The count a query over this node's copy returns (`$1`: `key`, `$2`: `exclude`), read as
+/// The count a query over this node's copy returns (`$1`: `key`, `$2`: `exclude`, `$3`: `row`), read as
 /// the copy is: not routed to leaseholders and without a read barrier. For the global key
 /// tables' checks, which are of this node's copy by design (each node derives its key tables
 /// from the rows it holds); EXECUTE is revoked from PUBLIC.
 #[pg_extern(schema = "multiregion")]
-fn count_local(sql: &str, key: pgrx::JsonB, exclude: Option<Vec<String>>) -> i64 {
+fn count_local(
+    sql: &str,
+    key: pgrx::JsonB,
+    exclude: Option<Vec<String>>,
+    row: Option<pgrx::JsonB>,
+) -> i64 {
     struct Local;
     impl Drop for Local {
         fn drop(&mut self) {
@@ -1313,6 +1331,7 @@ fn count_local(sql: &str, key: pgrx::JsonB, exclude: Option<Vec<String>>) -> i64
     let args = vec![
         pgrx::datum::DatumWithOid::from(key),
         pgrx::datum::DatumWithOid::from(exclude),
+        pgrx::datum::DatumWithOid::from(row),
     ];
     Spi::get_one_with_args::<i64>(sql, &args)
         .unwrap_or_else(|e| {
@@ -1324,7 +1343,7 @@ fn count_local(sql: &str, key: pgrx::JsonB, exclude: Option<Vec<String>>) -> i64
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb, text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb, text[], jsonb) FROM PUBLIC;
 "#,
     name = "routing",
     requires = [remote_exec, count_local]

@@ -996,20 +996,27 @@ impl Ranges {
         targets: &[(TableRef, Option<String>)],
         holder: impl Fn(u64, Option<u64>) -> Option<u64>,
     ) -> Result<Shares, WriteError> {
-        let found: Vec<(String, u64, Option<u64>)> = self.meta.read(|s| {
+        // Every partition must map to its own range: a share left out would skip its rows.
+        let found: Vec<(String, Option<(u64, Option<u64>)>)> = self.meta.read(|s| {
             targets
                 .iter()
-                .filter_map(|(t, p)| {
-                    let p = p.as_ref()?;
+                .map(|(t, p)| {
+                    let p = p.clone().unwrap_or_default();
                     let r = s
                         .ranges()
-                        .find(|r| &r.table == t && r.partition.as_ref() == Some(p))?;
-                    Some((p.clone(), r.range_id, s.lease(r.range_id).map(|l| l.holder)))
+                        .find(|r| &r.table == t && r.partition.as_deref() == Some(p.as_str()))
+                        .map(|r| (r.range_id, s.lease(r.range_id).map(|l| l.holder)));
+                    (p, r)
                 })
                 .collect()
         });
         let mut shares: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for (partition, range_id, recorded) in found {
+        for (partition, range) in found {
+            let Some((range_id, recorded)) = range else {
+                return Err(WriteError::Retryable(format!(
+                    "partition {partition} has no range of its own yet"
+                )));
+            };
             let Some(h) = holder(range_id, recorded) else {
                 return Err(WriteError::Retryable(format!(
                     "range {range_id} (partition {partition}) has no leaseholder yet"

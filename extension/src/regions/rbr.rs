@@ -226,7 +226,7 @@ fn capture(relid: Oid) -> Result<Shape, MrError> {
     let triggers = rows(
         "SELECT pg_catalog.pg_get_triggerdef(oid) FROM pg_catalog.pg_trigger \
          WHERE tgrelid = $1 AND NOT tgisinternal AND tgname NOT LIKE 'mr\\_global\\_key\\_%' \
-           AND tgname NOT LIKE 'multiregion\\_capture%' ORDER BY tgname",
+           AND tgname NOT LIKE 'multiregion\\_capture%' AND tgname <> '_multiregion_route' ORDER BY tgname",
         vec![relid.into()],
     )
     .into_iter()
