@@ -997,7 +997,9 @@ impl Ranges {
         holder: impl Fn(u64, Option<u64>) -> Option<u64>,
     ) -> Result<Shares, WriteError> {
         // Every partition must map to its own range: a share left out would skip its rows.
-        let found: Vec<(String, Option<(u64, Option<u64>)>)> = self.meta.read(|s| {
+        // (partition, its range and recorded leaseholder).
+        type Found = (String, Option<(u64, Option<u64>)>);
+        let found: Vec<Found> = self.meta.read(|s| {
             targets
                 .iter()
                 .map(|(t, p)| {
