@@ -375,7 +375,7 @@ async fn main() {
          RESET session_replication_role; \
          ALTER TABLE plain_kv DISABLE TRIGGER multiregion_capture, \
              DISABLE TRIGGER multiregion_capture_truncate, \
-             DISABLE TRIGGER multiregion_capture_route",
+             DISABLE TRIGGER _multiregion_route",
     )
     .await;
     exec(
