@@ -426,14 +426,17 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
         };
         // Each result relation's list holds its own column numbers (a partition made after a
         // column was dropped numbers them differently from the table).
+        // The ModifyTable's own result relations match its lists one for one (the
+        // statement's also name the root).
         let lists = (*mt).updateColnosLists;
-        if lists.is_null() || (*lists).length != (*results).length {
+        let leaves = (*mt).resultRelations;
+        if lists.is_null() || leaves.is_null() || (*lists).length != (*leaves).length {
             return true;
         }
         let column = std::ffi::CString::new(table.region_column.as_str()).unwrap_or_default();
         (0..(*lists).length).any(|i| {
             let cols = pg_sys::list_nth(lists, i) as *mut pg_sys::List;
-            let leaf = pg_sys::list_nth(ps.rtable, pg_sys::list_nth_int(results, i) - 1)
+            let leaf = pg_sys::list_nth(ps.rtable, pg_sys::list_nth_int(leaves, i) - 1)
                 as *mut pg_sys::RangeTblEntry;
             let attno = if leaf.is_null() {
                 table.region_attno
