@@ -366,12 +366,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     });
                 }
                 if has_remotes {
-                    if let Some(ms) = lock_timeout_for_parts() {
-                        crate::regions::spi::run_with(
-                            "SELECT pg_catalog.set_config('lock_timeout', $1, true)",
-                            vec![format!("{ms}ms").into()],
-                        );
-                    }
+                    set_local_lock_timeout();
                 }
             }
         }
