@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane
+.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane bench-matrix
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -25,6 +25,9 @@ bench-meta: build
 
 bench-dataplane: build
 	cargo bench -p pgmr --bench dataplane
+
+bench-matrix: build
+	cargo bench -p pgmr --bench matrix
 
 bench-gateway: build
 	cargo build --release -p pgmr

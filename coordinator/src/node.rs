@@ -778,6 +778,29 @@ impl Node {
                 self.await_schema_applied(&database, version, timeout_ms)
                     .await
             }
+            LocalRequest::CreateDatabase { database } => {
+                let command = Command::CreateDatabase { database };
+                match self.meta().propose(command, WRITE_TIMEOUT).await {
+                    Ok(Outcome::Done) => LocalResponse::Done,
+                    Ok(other) => LocalResponse::error(format!(
+                        "unexpected outcome of creating a database: {other:?}"
+                    )),
+                    Err(e) => unavailable(e),
+                }
+            }
+            LocalRequest::DropDatabase { database } => {
+                let command = Command::ForgetDatabase {
+                    database,
+                    node_id: self.id(),
+                };
+                match self.meta().propose(command, WRITE_TIMEOUT).await {
+                    Ok(Outcome::Done) => LocalResponse::Done,
+                    Ok(other) => LocalResponse::error(format!(
+                        "unexpected outcome of dropping a database: {other:?}"
+                    )),
+                    Err(e) => unavailable(e),
+                }
+            }
             LocalRequest::SchemaLog { database } => {
                 self.read(move |s, _| match s.schema(&database) {
                     Some(log) => LocalResponse::SchemaLog {

@@ -303,7 +303,11 @@ impl PgConfig {
         }
         if !has_defaultdb {
             // After template1 has the extension, so defaultdb has it too.
+            // Every node creates its own at start: not a change for the others.
             let mut admin = self.connect_options("postgres").connect().await?;
+            crate::schema::simple(&mut admin, "SET multiregion.replicate_ddl = off")
+                .await
+                .context("cannot create the database defaultdb")?;
             crate::schema::simple(&mut admin, "CREATE DATABASE defaultdb")
                 .await
                 .context("cannot create the database defaultdb")?;

@@ -58,6 +58,9 @@ struct DbProgress {
     last_error: Option<String>,
     /// A task is applying this database now.
     running: bool,
+    /// This node's copy is known to exist (a database created elsewhere with no schema
+    /// change yet still gets its copy here).
+    present: bool,
     /// After a failure: no new attempt before this.
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -150,20 +153,50 @@ impl Applier {
                 continue;
             }
             let me = self.node_id;
-            let logs: Vec<(String, u64, u64)> = self.meta.read(|s| {
-                s.schemas()
+            let (logs, to_drop): (Vec<(String, u64, u64)>, Vec<String>) = self.meta.read(|s| {
+                let logs = s
+                    .schemas()
                     .map(|(db, log)| (db.to_string(), log.version, log.applied_by(me)))
-                    .collect()
+                    .collect();
+                let to_drop = s
+                    .dropped_databases()
+                    .filter(|(_, done)| !done.contains(&me))
+                    .map(|(db, _)| db.to_string())
+                    .collect();
+                (logs, to_drop)
             });
+            // A copy of a database dropped elsewhere goes first: a database created again
+            // under its name must not continue the old copy.
+            for db in &to_drop {
+                if self.progress.lock().get(db).is_some_and(|p| p.running) {
+                    continue;
+                }
+                match self.drop_copy(db).await {
+                    Ok(()) => {
+                        self.progress.lock().remove(db);
+                    }
+                    Err(e) => {
+                        tracing::warn!(database = db, "cannot drop a dropped database's copy: {e}")
+                    }
+                }
+            }
+            // A database the cluster forgot (dropped through this node too) starts again from
+            // nothing if it is created again.
+            self.progress
+                .lock()
+                .retain(|db, p| p.running || logs.iter().any(|(d, ..)| d == db));
             let now = Instant::now();
             for (db, latest, reported) in logs {
+                if to_drop.contains(&db) {
+                    continue;
+                }
                 {
                     let mut dbs = self.progress.lock();
                     let p = dbs.entry(db.clone()).or_default();
                     p.applied = p.applied.max(reported);
                     p.reported = p.reported.max(reported);
                     p.latest = latest;
-                    let behind = p.applied < latest || p.reported < p.applied;
+                    let behind = p.applied < latest || p.reported < p.applied || !p.present;
                     if !behind || p.running || p.retry_at.is_some_and(|t| now < t) {
                         continue;
                     }
@@ -180,6 +213,39 @@ impl Applier {
         }
     }
 
+    /// Drops this node's copy of `db`, which the cluster forgot (`DROP DATABASE` on another
+    /// node), ending its sessions; then tells the meta group.
+    async fn drop_copy(&self, db: &str) -> Result<(), String> {
+        let mut admin = self
+            .pg_cfg
+            .connect_options("postgres")
+            .application_name(APPLICATION_NAME)
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect: {}", one_line(&e)))?;
+        let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(db));
+        // Applying the drop is not a new drop to replicate.
+        let mut result = simple(&mut admin, "SET multiregion.replicate_ddl = off").await;
+        if result.is_ok() {
+            result = simple(&mut admin, &drop).await;
+        }
+        let _ = admin.close().await;
+        result.map_err(|e| one_line(&e))?;
+        tracing::info!(
+            database = db,
+            "dropped the copy of a database dropped elsewhere"
+        );
+        let command = Command::DatabaseDropped {
+            database: db.to_string(),
+            node_id: self.node_id,
+        };
+        match self.meta.propose(command, REPORT_TIMEOUT).await {
+            Ok(Outcome::Done) => Ok(()),
+            Ok(other) => Err(format!("reporting the drop: unexpected outcome {other:?}")),
+            Err(e) => Err(format!("reporting the drop: {e}")),
+        }
+    }
+
     /// What this pgmr knows it has applied and reported for `db`.
     fn local(&self, db: &str) -> (u64, u64) {
         self.progress
@@ -193,6 +259,9 @@ impl Applier {
     async fn catch_up(&self, db: &str) -> Result<(), String> {
         let me = self.node_id;
         let mut conn: Option<PgConnection> = None;
+        if !self.progress.lock().get(db).is_some_and(|p| p.present) {
+            conn = Some(self.connect(db).await?);
+        }
         loop {
             let (done, reported_here) = self.local(db);
             let (pending, reported): (Vec<SchemaChange>, u64) = self.meta.read(|s| {
@@ -261,7 +330,10 @@ impl Applier {
                 .application_name(APPLICATION_NAME)
         };
         match opts(db).connect().await {
-            Ok(c) => return Ok(c),
+            Ok(c) => {
+                self.present(db);
+                return Ok(c);
+            }
             Err(e) if sqlstate(&e).as_deref() == Some("3D000") => {}
             Err(e) => return Err(format!("cannot connect: {}", one_line(&e))),
         }
@@ -270,6 +342,10 @@ impl Applier {
             .await
             .map_err(|e| format!("cannot connect to create the database: {}", one_line(&e)))?;
         let create = format!("CREATE DATABASE {}", quote_ident(db));
+        // Creating the copy is not a new database to replicate.
+        simple(&mut admin, "SET multiregion.replicate_ddl = off")
+            .await
+            .map_err(|e| format!("cannot create the database: {}", one_line(&e)))?;
         match simple(&mut admin, &create).await {
             Ok(_) => tracing::info!(database = db, "created the database for its schema changes"),
             // Someone else created it meanwhile.
@@ -277,10 +353,20 @@ impl Applier {
             Err(e) => return Err(format!("cannot create the database: {}", one_line(&e))),
         }
         let _ = admin.close().await;
-        opts(db)
+        let c = opts(db)
             .connect()
             .await
-            .map_err(|e| format!("cannot connect: {}", one_line(&e)))
+            .map_err(|e| format!("cannot connect: {}", one_line(&e)))?;
+        self.present(db);
+        Ok(c)
+    }
+
+    fn present(&self, db: &str) {
+        self.progress
+            .lock()
+            .entry(db.to_string())
+            .or_default()
+            .present = true;
     }
 }
 

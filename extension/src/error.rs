@@ -120,6 +120,13 @@ pub enum MrError {
     /// A replicated write was requested inside PREPARE TRANSACTION.
     #[error("PREPARE TRANSACTION is not supported for transactions that write replicated tables")]
     PrepareReplicated,
+    /// A schema change was made inside PREPARE TRANSACTION.
+    #[error("PREPARE TRANSACTION is not supported for transactions that change the schema")]
+    PrepareSchemaChange,
+    /// A statement would run on another node in a transaction whose schema changes that node
+    /// has not seen yet.
+    #[error("this transaction changed the schema, and node {node}, which leases the rows this statement touches, sees the change only when it commits")]
+    SchemaChangePending { node: u64 },
 }
 
 /// PostgreSQL's encoding of a five-character SQLSTATE (MAKE_SQLSTATE).
@@ -147,9 +154,10 @@ impl MrError {
             MrError::Interrupted => ERRCODE_QUERY_CANCELED,
             MrError::Sidecar(_) => ERRCODE_SYSTEM_ERROR,
             MrError::WriteSetTooLarge { .. } => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-            MrError::WriteNotServed { .. } | MrError::PrepareReplicated => {
-                ERRCODE_FEATURE_NOT_SUPPORTED
-            }
+            MrError::WriteNotServed { .. }
+            | MrError::PrepareReplicated
+            | MrError::PrepareSchemaChange
+            | MrError::SchemaChangePending { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::Remote(e) => sqlstate_of(&e.code),
             MrError::Retryable(_) => ERRCODE_T_R_SERIALIZATION_FAILURE,
             MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
@@ -183,6 +191,9 @@ impl MrError {
         match self {
             MrError::Ddl(e) => e.hint.clone(),
             MrError::WriteNotServed { hint, .. } => Some(hint.clone()),
+            MrError::SchemaChangePending { .. } => Some(
+                "Commit the schema change first, or run this statement on the leaseholder's node (lease_holder in multiregion.ranges).".into(),
+            ),
             MrError::OtherDatabase { database, .. } => Some(format!(
                 "connect to database {database} and run the statement there"
             )),

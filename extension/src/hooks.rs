@@ -105,10 +105,16 @@ unsafe extern "C-unwind" fn process_utility(
 ) {
     // SAFETY: PostgreSQL passes a valid PlannedStmt and its NUL-terminated source text; the
     // statement's text is copied out before it runs, since running may scribble on the tree.
-    let replicate = unsafe {
-        (context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL)
-            .then(|| crate::regions::replicated_ddl(&*pstmt, query_string))
-            .flatten()
+    let top_level = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
+    let (replicate, database) = unsafe {
+        if top_level {
+            (
+                crate::regions::replicated_ddl(&*pstmt, query_string),
+                crate::regions::database_ddl(&*pstmt),
+            )
+        } else {
+            (None, None)
+        }
     };
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as given.
     unsafe {
@@ -135,8 +141,11 @@ unsafe extern "C-unwind" fn process_utility(
             ),
         }
     }
-    if let Some(sql) = replicate {
-        crate::regions::replicate_ddl(&sql);
+    if let Some(ddl) = replicate {
+        crate::regions::replicate_ddl(ddl);
+    }
+    if let Some(ddl) = database {
+        crate::regions::database_ddl_done(ddl);
     }
 }
 

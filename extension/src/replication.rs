@@ -133,11 +133,19 @@ unsafe extern "C-unwind" fn xact_callback(
             // its active snapshot) is gone, and SPI needs one: push the transaction's own and
             // pop it again (on error, abort pops it).
             unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+            // Schema first: the rows below carry its version, which replicas wait for.
+            let schema = crate::regions::pre_commit().or_raise();
             crate::routing::pre_commit().or_raise();
             replicate(None).or_raise();
+            if let Some((database, version)) = schema {
+                crate::regions::await_applied(database, version);
+            }
             unsafe { pg_sys::PopActiveSnapshot() };
         }
         XACT_EVENT_PRE_PREPARE => {
+            if crate::regions::has_pending_schema_change() {
+                MrError::PrepareSchemaChange.raise();
+            }
             crate::routing::pre_prepare();
             if TXN.with(|t| !t.borrow().changes.is_empty()) {
                 // Only a forwarded session that pgmr prepares as a part of another node's
@@ -152,6 +160,7 @@ unsafe extern "C-unwind" fn xact_callback(
             }
         }
         XACT_EVENT_ABORT => {
+            crate::regions::schema_at_end();
             crate::routing::at_end(true);
             let t = TXN.with(|t| std::mem::take(&mut *t.borrow_mut()));
             for (range_id, index) in t.replicated {
@@ -167,6 +176,7 @@ unsafe extern "C-unwind" fn xact_callback(
             }
         }
         XACT_EVENT_COMMIT | XACT_EVENT_PREPARE => {
+            crate::regions::schema_at_end();
             crate::routing::at_end(false);
             TXN.with(|t| *t.borrow_mut() = Txn::default());
         }
@@ -195,6 +205,7 @@ unsafe extern "C-unwind" fn subxact_callback(
                 t.marks.pop();
             }
             SUBXACT_EVENT_ABORT_SUB => {
+                crate::regions::schema_sub_aborted(my);
                 if let Some(n) = t.marks.pop() {
                     t.changes.truncate(n);
                 }
@@ -742,9 +753,11 @@ pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
             }
         })
         .collect();
-    let schema_version = spi::read_one("SELECT multiregion.schema_version()::text", vec![])
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0);
+    let schema_version = crate::regions::proposed_version().unwrap_or_else(|| {
+        spi::read_one("SELECT multiregion.schema_version()::text", vec![])
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    });
     let txn_id = txn_id();
     // SAFETY: reads this transaction's start time.
     let start = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };

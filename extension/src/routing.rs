@@ -241,6 +241,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 && pg_sys::list_member_ptr((*p).stmts, qd.plannedstmt as *const _)
         };
     let forward_to = |node: u64| {
+        refuse_with_schema_change(node);
         if rewritten {
             MrError::WriteNotServed {
                 message: format!("a statement rewritten by a rule cannot run on node {node}, which leases the rows it touches"),
@@ -302,6 +303,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     ) {
         Ok(r) if !r.enabled => replication::barrier_off_for_a_while(),
         Ok(r) if !r.split.is_empty() => {
+            if let Some(node) = r.split.iter().find_map(|(n, _)| *n) {
+                refuse_with_schema_change(node);
+            }
             let here = r.split.iter().any(|(n, _)| n.is_none());
             let lock_timeout_ms = lock_timeout_for_parts();
             if here {
@@ -387,6 +391,14 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             forward_to(node);
         }
         Err(e) => e.raise(),
+    }
+}
+
+/// A statement cannot run on another node in a transaction whose schema changes are proposed
+/// only at its commit: that node would run it against the old schema.
+fn refuse_with_schema_change(node: u64) {
+    if crate::regions::has_pending_schema_change() {
+        MrError::SchemaChangePending { node }.raise();
     }
 }
 
@@ -686,6 +698,9 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>, sources: &[String]) -> Res
         )?;
         let (n, _, again) = match route.forward_to {
             Some(node) => {
+                if crate::regions::has_pending_schema_change() {
+                    return Err(MrError::SchemaChangePending { node });
+                }
                 let statement = ForwardStatement {
                     sql,
                     params: vec![("pg_catalog.json".into(), Some(json))],

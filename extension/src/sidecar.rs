@@ -331,6 +331,22 @@ pub fn await_schema_applied(
     }
 }
 
+/// `CREATE DATABASE` ran here: the database becomes cluster-wide.
+pub fn create_database(database: String) -> Result<(), MrError> {
+    match call_meta(LocalRequest::CreateDatabase { database })? {
+        LocalResponse::Done => Ok(()),
+        other => Err(unexpected("create_database", &other)),
+    }
+}
+
+/// `DROP DATABASE` ran here: the cluster forgets the database, every other node drops it.
+pub fn drop_database(database: String) -> Result<(), MrError> {
+    match call_meta(LocalRequest::DropDatabase { database })? {
+        LocalResponse::Done => Ok(()),
+        other => Err(unexpected("drop_database", &other)),
+    }
+}
+
 /// Sends `req` to pgmr within `multiregion.sidecar_timeout`.
 fn call(req: LocalRequest) -> Result<LocalResponse, MrError> {
     call_within(req, gucs::sidecar_timeout())

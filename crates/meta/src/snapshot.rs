@@ -12,7 +12,8 @@ use serde::Deserialize;
 /// * 2: adds cluster settings and the event log.
 /// * 3: adds each database's schema log.
 /// * 4: adds each database's table set and the range id counter.
-pub const FORMAT: u32 = 4;
+/// * 5: adds the databases dropped cluster-wide and which nodes dropped their copies.
+pub const FORMAT: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -35,12 +36,12 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Formats 2 to 4 only added fields; an older format reads as a format 4 state with
-        // no settings, an empty event log, no schema logs and no table sets (their
-        // `#[serde(default)]`). A
+        // Formats 2 to 5 only added fields; an older format reads as a format 5 state with
+        // no settings, an empty event log, no schema logs, no table sets and no dropped
+        // databases (their `#[serde(default)]`). A
         // format that changes a field's shape adds an arm here that reads the old shape and
         // converts it.
-        1..=4 => Ok(serde_json::from_value(env.state)?),
+        1..=5 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

@@ -102,6 +102,24 @@ pub enum Command {
         #[serde(default)]
         tables: Option<Vec<TableRef>>,
     },
+    /// `CREATE DATABASE`: the database is cluster-wide from now on (an empty schema log, for
+    /// which every node creates its copy); nothing if it has a schema log already.
+    CreateDatabase {
+        database: String,
+    },
+    /// `DROP DATABASE` on node `node_id`: the cluster forgets the database (its schema log,
+    /// regions, localities, tables and ranges) and every other node drops its copy. A
+    /// database created again under the name starts a new schema log at version 0, like
+    /// its new copies.
+    ForgetDatabase {
+        database: String,
+        node_id: NodeId,
+    },
+    /// Node `node_id` has dropped its copy of a database the cluster forgot.
+    DatabaseDropped {
+        database: String,
+        node_id: NodeId,
+    },
     /// A node has applied its database's schema changes up to `version` to its PostgreSQL.
     SchemaApplied {
         node_id: NodeId,
@@ -117,7 +135,9 @@ impl Command {
     fn logged(&self) -> bool {
         !matches!(
             self,
-            Command::Heartbeat { .. } | Command::SchemaApplied { .. }
+            Command::Heartbeat { .. }
+                | Command::SchemaApplied { .. }
+                | Command::DatabaseDropped { .. }
         )
     }
 }
@@ -296,6 +316,10 @@ pub struct MetaState {
     /// The next range id to allocate (ids start at 1). Added in snapshot format 4.
     #[serde(default)]
     next_range_id: RangeId,
+    /// Databases dropped cluster-wide, with the nodes that have dropped their copy (the
+    /// others still must). Added in snapshot format 5; empty when read from older formats.
+    #[serde(default)]
+    dropped: BTreeMap<String, std::collections::BTreeSet<NodeId>>,
 }
 
 impl MetaState {
@@ -351,6 +375,12 @@ impl MetaState {
     /// A database's schema log; `None` if its schema was never changed.
     pub fn schema(&self, database: &str) -> Option<&SchemaLog> {
         self.schemas.get(database)
+    }
+    /// Databases dropped cluster-wide, each with the nodes that have dropped their copy.
+    pub fn dropped_databases(
+        &self,
+    ) -> impl Iterator<Item = (&str, &std::collections::BTreeSet<NodeId>)> {
+        self.dropped.iter().map(|(k, v)| (k.as_str(), v))
     }
     /// Every database's schema log, by database name.
     pub fn schemas(&self) -> impl Iterator<Item = (&str, &SchemaLog)> {
@@ -656,6 +686,25 @@ impl MetaState {
                 *at_ms,
                 tables.as_deref(),
             ),
+            Command::CreateDatabase { database } => {
+                self.schemas.entry(database.clone()).or_default();
+                Ok(Outcome::Done)
+            }
+            Command::ForgetDatabase { database, node_id } => {
+                self.databases.remove(database);
+                self.tables.retain(|t, _| &t.database != database);
+                self.drop_database_data(database);
+                self.schemas.remove(database);
+                self.dropped
+                    .insert(database.clone(), std::iter::once(*node_id).collect());
+                Ok(Outcome::Done)
+            }
+            Command::DatabaseDropped { database, node_id } => {
+                if let Some(done) = self.dropped.get_mut(database) {
+                    done.insert(*node_id);
+                }
+                Ok(Outcome::Done)
+            }
             Command::SchemaApplied {
                 node_id,
                 database,

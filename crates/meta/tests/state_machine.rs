@@ -368,8 +368,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 5, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 5 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 6, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 6 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -694,7 +694,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 4);
+    assert_eq!(snapshot::FORMAT, 5);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
@@ -746,7 +746,7 @@ fn the_event_log_records_each_effect_once_in_order() {
 }
 
 /// Writes the golden snapshot of the current format, by hand when the format was defined;
-/// older formats' files (v1 to v3) are never regenerated:
+/// older formats' files (v1 to v4) are never regenerated:
 /// `MR_META_WRITE_GOLDEN=1 cargo test -p mr-meta --test state_machine write_golden`.
 #[test]
 fn write_golden() {
@@ -755,7 +755,7 @@ fn write_golden() {
     }
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/snapshot-v4.json"
+        "/tests/fixtures/snapshot-v5.json"
     );
     use ReplicaKind::*;
     let mut s = cluster();
@@ -826,6 +826,14 @@ fn write_golden() {
             table: table(),
             partition: Some("us-west1".into()),
             replicas: vec![replica(2, Voter)],
+        },
+    );
+    propose(
+        &mut s,
+        12,
+        Command::ForgetDatabase {
+            database: "bank".into(),
+            node_id: 2,
         },
     );
     let v: serde_json::Value = serde_json::from_slice(&snapshot::encode(&s)).unwrap();
@@ -978,4 +986,73 @@ fn a_range_is_bootstrapped_by_one_node_only() {
     };
     assert_eq!(propose(&mut s, 5, put), Outcome::Done);
     assert_eq!(s.range(range.range_id).unwrap().bootstrapped_by, Some(2));
+}
+
+/// Format 5 (databases dropped cluster-wide) reads back from its golden file.
+#[test]
+fn format_5_snapshots_stay_readable() {
+    let golden = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/snapshot-v5.json"
+    ))
+    .expect("the golden snapshot is committed");
+    let s = snapshot::decode(&golden).expect("format 5 decodes");
+    let dropped: Vec<_> = s.dropped_databases().collect();
+    assert_eq!(dropped.len(), 1);
+    assert_eq!(dropped[0].0, "bank");
+    assert!(dropped[0].1.contains(&2));
+    assert!(s.schema("movr").is_some(), "other databases stay");
+    assert_eq!(
+        snapshot::decode(&snapshot::encode(&s)).unwrap(),
+        s,
+        "round trip"
+    );
+}
+
+/// `DROP DATABASE` forgets the database everywhere: its schema log, regions, tables and
+/// ranges; each node records that it dropped its copy; a database created again under the
+/// name starts a new schema log at version 0.
+#[test]
+fn a_dropped_database_is_forgotten_and_starts_again_at_version_zero() {
+    use ReplicaKind::*;
+    let mut s = cluster();
+    propose(&mut s, 1, schema_change(0, "{}", Some(movr()), vec![]));
+    let mut with_tables = schema_change(1, "{}", Some(movr()), vec![]);
+    if let Command::SchemaChange { tables, .. } = &mut with_tables {
+        *tables = Some(vec![table()]);
+    }
+    propose(&mut s, 2, with_tables);
+    propose(
+        &mut s,
+        3,
+        Command::CreateRange {
+            table: table(),
+            partition: None,
+            replicas: vec![replica(1, Voter)],
+        },
+    );
+    assert_eq!(s.ranges().count(), 1);
+    let forget = Command::ForgetDatabase {
+        database: "movr".into(),
+        node_id: 2,
+    };
+    assert_eq!(propose(&mut s, 4, forget), Outcome::Done);
+    assert!(s.schema("movr").is_none());
+    assert_eq!(s.ranges().count(), 0);
+    assert_eq!(s.catalog().count(), 0);
+    let done = |s: &MetaState| -> Vec<u64> {
+        s.dropped_databases()
+            .find(|(d, _)| *d == "movr")
+            .map(|(_, n)| n.iter().copied().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(done(&s), vec![2], "the origin dropped its copy itself");
+    let ack = Command::DatabaseDropped {
+        database: "movr".into(),
+        node_id: 1,
+    };
+    propose(&mut s, 5, ack);
+    assert_eq!(done(&s), vec![1, 2]);
+    let again = propose(&mut s, 6, schema_change(0, "{}", None, vec![]));
+    assert_eq!(again, Outcome::SchemaVersion { version: 1 });
 }

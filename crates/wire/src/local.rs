@@ -70,6 +70,16 @@ pub enum LocalRequest {
         version: u64,
         timeout_ms: u64,
     },
+    /// `CREATE DATABASE` ran here: the database becomes cluster-wide (an empty schema log
+    /// that every node's applier creates its copy for). [`LocalResponse::Done`].
+    CreateDatabase {
+        database: String,
+    },
+    /// `DROP DATABASE` ran here: the cluster forgets the database and every other node drops
+    /// its copy ([`LocalResponse::Done`] once that is committed).
+    DropDatabase {
+        database: String,
+    },
     /// A database's schema log and how far each node has applied it, read linearizably.
     SchemaLog {
         database: String,

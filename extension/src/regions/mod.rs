@@ -25,7 +25,7 @@ use pgrx::prelude::*;
 use spi::{ident, lit, run};
 use std::collections::BTreeSet;
 
-pub(crate) use replicate::{replicate_ddl, replicated_ddl};
+pub(crate) use replicate::{database_ddl, database_ddl_done, replicate_ddl, replicated_ddl};
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);
 
@@ -333,19 +333,41 @@ fn set_locality(
     Ok(())
 }
 
-/// Ends a statement that changed something: bumps the schema version and, for a user's
-/// statement, replicates `sql` through the meta group.
+/// Ends a statement that changed something. A user's statement is kept for the proposal at
+/// commit ([`pre_commit`]), which bumps the schema version once for the whole transaction
+/// (so that, until then, this node's applier can apply other nodes' changes that do not
+/// conflict with it); a replicated one bumps the version as it goes, and the applier records
+/// the version it applied.
 fn finish(effect: Effect, sql: &str, origin: Origin) -> Result<(), MrError> {
     if !effect.changed {
         return Ok(());
     }
-    let (config, version) = catalog::load(true);
-    spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
-    if origin == Origin::User {
-        replicate::propose(sql, version, config.as_ref(), &effect.localities)?;
+    match origin {
+        Origin::User => replicate::defer(sql, &effect.localities),
+        Origin::Replicated => {
+            let (config, version) = catalog::load(true);
+            spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
+        }
     }
     Ok(())
 }
+
+/// This transaction made schema changes other nodes have not seen yet: statements it sends
+/// to another node would meet the old schema there.
+pub fn has_pending_schema_change() -> bool {
+    replicate::has_pending()
+}
+
+/// At pre-commit, before the transaction's rows are replicated (they carry the new schema
+/// version, which replicas wait for): proposes its schema changes. The database and version
+/// to await once the rest of the commit went through.
+pub fn pre_commit() -> Result<Option<(String, u64)>, MrError> {
+    replicate::propose_pending()
+}
+
+pub use replicate::{
+    at_end as schema_at_end, await_applied, proposed_version, sub_aborted as schema_sub_aborted,
+};
 
 impl From<DdlError> for MrError {
     fn from(e: DdlError) -> Self {

@@ -6,10 +6,11 @@
 use super::{catalog, execute, spi, Origin};
 use crate::error::{MrError, OrRaise};
 use crate::{gucs, sidecar};
-use mr_meta::{DatabaseConfig, TableLocality, TableRef};
+use mr_meta::{TableLocality, TableRef};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::time::Duration;
 
 /// How long a statement waits for the other nodes to apply it.
@@ -44,18 +45,47 @@ const TABLES: &str = "SELECT n.nspname::text, c.relname::text \
         WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e') \
     ORDER BY 1, 2";
 
-/// Proposes `sql` as the change after `version`, then waits for every other live node.
-/// Without pgmr (`multiregion.sidecar_socket` unset) the node is on its own: nothing to do.
-pub(super) fn propose(
-    sql: &str,
-    version: i64,
-    config: Option<&DatabaseConfig>,
-    localities: &[(String, String, Option<TableLocality>)],
-) -> Result<(), MrError> {
+/// A transaction's schema changes, proposed together when it commits (so a transaction
+/// rolled back reaches no other node): the statements in order, each with the
+/// subtransaction that ran it, and the table localities they set.
+struct Pending {
+    records: Vec<(pg_sys::SubTransactionId, ChangeRecord)>,
+    localities: Vec<(pg_sys::SubTransactionId, Locality)>,
+}
+
+type Locality = (String, String, Option<TableLocality>);
+
+thread_local! {
+    static PENDING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+    /// The version this transaction's pre-commit proposed: its rows carry it (a read-only
+    /// query at pre-commit may not see the transaction's own version bump).
+    static PROPOSED: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The schema version this committing transaction proposed, if it changed the schema.
+pub fn proposed_version() -> Option<u64> {
+    PROPOSED.with(|p| p.get())
+}
+
+/// Several statements of one transaction: one schema version, applied in one transaction.
+#[derive(Debug, Serialize, Deserialize)]
+struct Batch {
+    statements: Vec<ChangeRecord>,
+}
+
+/// Whether this transaction has made a schema change that other nodes have not seen yet.
+pub fn has_pending() -> bool {
+    PENDING.with(|p| p.borrow().is_some())
+}
+
+/// Records `sql`, a user's change, for the proposal at commit. Without pgmr
+/// (`multiregion.sidecar_socket` unset) the node is on its own: the version is bumped now.
+pub(super) fn defer(sql: &str, localities: &[Locality]) {
     if gucs::sidecar_socket().is_none() {
-        return Ok(());
+        let (config, version) = catalog::load(true);
+        spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
+        return;
     }
-    let database = catalog::database_name();
     let record = ChangeRecord {
         sql: sql.to_string(),
         search_path: spi::one("SELECT pg_catalog.current_setting('search_path')", vec![])
@@ -65,20 +95,77 @@ pub(super) fn propose(
         gateway_region: crate::routing::gateway_region_override()
             .or_else(|| gucs::locality().ok().map(|l| l.region().to_owned())),
     };
-    let change = serde_json::to_string(&record).expect("a change record serializes");
-    let localities = localities
-        .iter()
-        .map(|(schema, table, l)| {
-            let t = TableRef {
-                database: database.clone(),
-                schema: schema.clone(),
-                table: table.clone(),
-            };
-            (t, l.clone())
+    // SAFETY: reads the current subtransaction's id.
+    #[allow(unsafe_code)]
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        let p = p.get_or_insert_with(|| Pending {
+            records: Vec::new(),
+            localities: Vec::new(),
+        });
+        p.records.push((sub, record));
+        p.localities
+            .extend(localities.iter().map(|l| (sub, l.clone())));
+    });
+}
+
+/// A subtransaction rolled back: its changes (and those of subtransactions inside it) are
+/// gone here, so they are not proposed.
+pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if let Some(pending) = p.as_mut() {
+            pending.records.retain(|(s, _)| *s < sub);
+            pending.localities.retain(|(s, _)| *s < sub);
+            if pending.records.is_empty() {
+                *p = None;
+            }
+        }
+    });
+}
+
+/// Transaction end: nothing is pending any more.
+pub fn at_end() {
+    PENDING.with(|p| p.borrow_mut().take());
+    PROPOSED.with(|p| p.set(None));
+}
+
+/// At pre-commit: proposes the transaction's schema changes to the meta group as the next
+/// version of the database's schema, on top of the version this node has applied
+/// (compare-and-set: a change committed elsewhere that this node has not applied yet makes
+/// this transaction fail with 40001; one it applied meanwhile did not conflict with this
+/// transaction's locks, and comes first everywhere, as it did here). The database and new
+/// version, to await.
+pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
+    let Some(pending) = PENDING.with(|p| p.borrow_mut().take()) else {
+        return Ok(None);
+    };
+    let database = catalog::database_name();
+    // Locked until this transaction ends: this node's applier applies nothing in between.
+    let (config, version) = catalog::load(true);
+    spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
+    let mut records: Vec<ChangeRecord> = pending.records.into_iter().map(|(_, r)| r).collect();
+    let change = if records.len() == 1 {
+        serde_json::to_string(&records.remove(0))
+    } else {
+        serde_json::to_string(&Batch {
+            statements: records,
         })
-        .collect();
-    let expected = u64::try_from(version).unwrap_or(0);
-    let tables = spi::rows(TABLES, vec![])
+    }
+    .expect("a change record serializes");
+    // The last locality a table was given in the transaction is the one it has.
+    let mut localities: Vec<(TableRef, Option<TableLocality>)> = Vec::new();
+    for (_, (schema, table, l)) in pending.localities {
+        let t = TableRef {
+            database: database.clone(),
+            schema,
+            table,
+        };
+        localities.retain(|(u, _)| u != &t);
+        localities.push((t, l));
+    }
+    let tables = spi::read_rows(TABLES, vec![])
         .into_iter()
         .filter_map(|r| {
             Some(TableRef {
@@ -90,18 +177,23 @@ pub(super) fn propose(
         .collect();
     let new = sidecar::propose_schema_change(
         database.clone(),
-        expected,
+        u64::try_from(version).unwrap_or(0),
         change,
-        config.cloned(),
+        config,
         localities,
         tables,
     )?;
-    // The change is committed: a node that is slow to apply it gets a warning, not an error
-    // that would undo the change here while the others go on to apply it.
-    if let Err(e) = sidecar::await_schema_applied(database, new, APPLY_TIMEOUT) {
+    PROPOSED.with(|p| p.set(Some(new)));
+    Ok(Some((database, new)))
+}
+
+/// After the proposal: waits for every other live node to apply the change. It is committed:
+/// a node slow to apply it gets a warning, not an error that would undo the change here while
+/// the others go on to apply it.
+pub fn await_applied(database: String, version: u64) {
+    if let Err(e) = sidecar::await_schema_applied(database, version, APPLY_TIMEOUT) {
         pgrx::warning!("{e}");
     }
-    Ok(())
 }
 
 /// Waits until this node's copy of every replicated table of this database holds every write
@@ -148,8 +240,25 @@ fn apply(version: i64, change: &str) -> Result<(), MrError> {
             got: version,
         });
     }
-    let record: ChangeRecord =
-        serde_json::from_str(change).map_err(|e| MrError::BadChange(e.to_string()))?;
+    let records = match serde_json::from_str::<Batch>(change) {
+        Ok(batch) => batch.statements,
+        Err(_) => vec![serde_json::from_str::<ChangeRecord>(change)
+            .map_err(|e| MrError::BadChange(e.to_string()))?],
+    };
+    for record in records {
+        apply_record(&record)?;
+    }
+    let (_, now) = catalog::load(false);
+    if now != version {
+        // The statement changed nothing here (e.g. IF NOT EXISTS found it done): record it.
+        let (config, _) = catalog::load(true);
+        spi::as_extension_owner(|| catalog::store(config.as_ref(), version));
+    }
+    Ok(())
+}
+
+/// Runs one statement of a change with the origin's search path, role and settings.
+fn apply_record(record: &ChangeRecord) -> Result<(), MrError> {
     spi::run_with(
         "SELECT pg_catalog.set_config('search_path', $1, true)",
         vec![record.search_path.as_str().into()],
@@ -163,12 +272,6 @@ fn apply(version: i64, change: &str) -> Result<(), MrError> {
         execute::execute_one(&record.sql, Origin::Replicated)
     })?;
     spi::run("RESET ROLE");
-    let (_, now) = catalog::load(false);
-    if now != version {
-        // The statement changed nothing here (e.g. IF NOT EXISTS found it done): record it.
-        let (config, _) = catalog::load(true);
-        spi::as_extension_owner(|| catalog::store(config.as_ref(), version));
-    }
     Ok(())
 }
 
@@ -184,9 +287,26 @@ extension_sql!(
     requires = [apply_schema_change]
 );
 
-/// The text of a utility statement a client ran at top level, if it is a schema change that
-/// every node must also make. Statements run by functions (`multiregion.execute`, the applier,
-/// a DO block) are not top level, so they are never replicated twice.
+/// A utility statement a client ran at top level that every node must also run: its text, or
+/// for roles what to read back once it ran.
+pub(crate) enum Ddl {
+    Text(String),
+    /// `CREATE ROLE` / `ALTER ROLE … PASSWORD`: replicated as the role's resulting attributes
+    /// (the options the statement named), so that a password travels as the verifier
+    /// PostgreSQL stored, never as the client's text.
+    Role {
+        name: String,
+        create: bool,
+        options: Vec<String>,
+    },
+}
+
+/// What to replicate of a utility statement a client ran at top level, if it is a schema
+/// change that every node must also make. Statements run by functions (`multiregion.execute`,
+/// the applier, a DO block) are not top level, so they are never replicated twice. Roles are
+/// cluster-wide objects: they travel through the log of the database where they were
+/// changed, and a node applying another database's change that names a role not created
+/// there yet retries until it is.
 ///
 /// # Safety
 /// `pstmt` is the PlannedStmt PostgreSQL is about to run and `query_string` its source text.
@@ -194,7 +314,7 @@ extension_sql!(
 pub(crate) unsafe fn replicated_ddl(
     pstmt: &pg_sys::PlannedStmt,
     query_string: *const std::ffi::c_char,
-) -> Option<String> {
+) -> Option<Ddl> {
     use pg_sys::NodeTag::*;
     if gucs::sidecar_socket().is_none()
         || !gucs::replicate_ddl()
@@ -245,7 +365,41 @@ pub(crate) unsafe fn replicated_ddl(
             | T_CreatePolicyStmt
             | T_AlterPolicyStmt
             | T_AlterDefaultPrivilegesStmt
-            | T_CreateTableAsStmt => {}
+            | T_CreateTableAsStmt
+            | T_GrantRoleStmt
+            | T_AlterRoleSetStmt
+            | T_DropOwnedStmt
+            | T_ReassignOwnedStmt => {}
+            T_CreateRoleStmt => {
+                let create = &*(node as *mut pg_sys::CreateRoleStmt);
+                return Some(Ddl::Role {
+                    name: cstr(create.role),
+                    create: true,
+                    options: option_names(create.options),
+                });
+            }
+            T_AlterRoleStmt => {
+                let alter = &*(node as *mut pg_sys::AlterRoleStmt);
+                let options = option_names(alter.options);
+                if options.iter().any(|o| o == "password") {
+                    return Some(Ddl::Role {
+                        name: cstr(pg_sys::get_rolespec_name(alter.role)),
+                        create: false,
+                        options,
+                    });
+                }
+            }
+            T_DropRoleStmt => {
+                // Where a role is already gone there is nothing to drop.
+                let drop = &*(node as *mut pg_sys::DropRoleStmt);
+                let names: Vec<String> = list_ptrs(drop.roles)
+                    .map(|r| spi::ident(&cstr((*(r as *mut pg_sys::RoleSpec)).rolename)))
+                    .collect();
+                return Some(Ddl::Text(format!(
+                    "DROP ROLE IF EXISTS {}",
+                    names.join(", ")
+                )));
+            }
             _ => return None,
         }
         let text = std::ffi::CStr::from_ptr(query_string).to_bytes();
@@ -256,19 +410,233 @@ pub(crate) unsafe fn replicated_ddl(
             0 => text.len(),
             n => (start + n).min(text.len()),
         };
-        Some(
+        Some(Ddl::Text(
             String::from_utf8_lossy(&text[start..end])
                 .trim()
                 .to_string(),
-        )
+        ))
     }
 }
 
+/// A database created or dropped by a client's top-level statement, which every node must
+/// follow.
+pub(crate) enum DatabaseDdl {
+    Created(String),
+    Dropped(String),
+}
+
+/// `CREATE DATABASE` / `DROP DATABASE` at top level, if the cluster follows it: a database
+/// created from `template1` (which has the extension) becomes cluster-wide; a dropped one
+/// is dropped everywhere.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn database_ddl(pstmt: &pg_sys::PlannedStmt) -> Option<DatabaseDdl> {
+    use pg_sys::NodeTag::*;
+    if gucs::sidecar_socket().is_none() || !gucs::replicate_ddl() || pstmt.utilityStmt.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; each cast follows the node's own tag.
+    unsafe {
+        let node = pstmt.utilityStmt;
+        match (*node).type_ {
+            T_CreatedbStmt => {
+                let create = &*(node as *mut pg_sys::CreatedbStmt);
+                let template = list_ptrs(create.options)
+                    .map(|d| &*(d as *mut pg_sys::DefElem))
+                    .find(|d| cstr(d.defname) == "template")
+                    .map(|d| cstr(pg_sys::defGetString(d as *const _ as *mut _)));
+                match template.as_deref() {
+                    None | Some("template1") => Some(DatabaseDdl::Created(cstr(create.dbname))),
+                    Some(_) => None,
+                }
+            }
+            T_DropdbStmt => {
+                let drop = &*(node as *mut pg_sys::DropdbStmt);
+                Some(DatabaseDdl::Dropped(cstr(drop.dbname)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// After `CREATE DATABASE` / `DROP DATABASE` ran here. A new database gets an empty schema
+/// log, for which every node's applier creates its copy (within a poll, ~200 ms, of the
+/// commit); a dropped one is forgotten by the cluster and every node drops its copy.
+/// The statement cannot be undone at this point (PostgreSQL has created or removed the
+/// files), so a failure here is a warning saying what is left to do, never an error.
+pub(crate) fn database_ddl_done(ddl: DatabaseDdl) {
+    match ddl {
+        DatabaseDdl::Created(name) => {
+            if let Err(e) = sidecar::create_database(name.clone()) {
+                pgrx::warning!(
+                    "database {} was created here but not on the other nodes: {e}",
+                    spi::ident(&name)
+                );
+            }
+        }
+        DatabaseDdl::Dropped(name) => {
+            if let Err(e) = sidecar::drop_database(name.clone()) {
+                pgrx::warning!(
+                    "database {} was dropped here but not on the other nodes: {e}",
+                    spi::ident(&name)
+                );
+            }
+        }
+    }
+}
+
+/// A C string of a parse tree as an owned string (empty for null).
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string.
+#[allow(unsafe_code)]
+unsafe fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::ffi::CStr::from_ptr(p) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The elements of a pointer `List` (none for NIL).
+///
+/// # Safety
+/// `list` is NIL or a valid pointer list that outlives the iterator.
+#[allow(unsafe_code)]
+unsafe fn list_ptrs(list: *mut pg_sys::List) -> impl Iterator<Item = *mut std::ffi::c_void> {
+    let n = if list.is_null() {
+        0
+    } else {
+        unsafe { (*list).length }
+    };
+    // SAFETY: the caller's contract; indexes are within the list's length.
+    (0..n).map(move |i| unsafe { pg_sys::list_nth(list, i) })
+}
+
+/// The names of a role statement's options (`DefElem.defname`).
+///
+/// # Safety
+/// `options` is NIL or a valid list of DefElem.
+#[allow(unsafe_code)]
+unsafe fn option_names(options: *mut pg_sys::List) -> Vec<String> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        list_ptrs(options)
+            .map(|d| cstr((*(d as *mut pg_sys::DefElem)).defname))
+            .collect()
+    }
+}
+
+/// The statements that give `name` on another node what the statement named by `options`
+/// gave it here: created if missing, then the attributes named, read back from the catalog
+/// (the password as the verifier PostgreSQL stored), then the memberships a CREATE ROLE set.
+fn role_sql(name: &str, create: bool, options: &[String]) -> String {
+    let has = |o: &str| options.iter().any(|x| x == o);
+    let mut out = Vec::new();
+    if create {
+        let body = format!(
+            "BEGIN IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = {}) THEN \
+             EXECUTE {}; END IF; END",
+            spi::lit(name),
+            spi::lit(&format!("CREATE ROLE {}", spi::ident(name)))
+        );
+        out.push(format!("DO {}", spi::lit(&body)));
+    }
+    // pg_authid (the password) is readable by superusers only: read as the extension's owner.
+    let row = spi::as_extension_owner(|| {
+        spi::rows(
+            "SELECT rolsuper::text, rolcreatedb::text, rolcreaterole::text, rolinherit::text, \
+                    rolcanlogin::text, rolreplication::text, rolbypassrls::text, \
+                    rolconnlimit::text, rolpassword, rolvaliduntil::text \
+             FROM pg_catalog.pg_authid WHERE rolname = $1",
+            vec![name.into()],
+        )
+    })
+    .into_iter()
+    .next()
+    .unwrap_or_default();
+    let get = |i: usize| row.get(i).cloned().flatten();
+    let flag = |i: usize, on: &str, off: &str| {
+        if get(i).as_deref() == Some("true") {
+            on.to_string()
+        } else {
+            off.to_string()
+        }
+    };
+    let mut attrs = Vec::new();
+    for (option, i, on, off) in [
+        ("superuser", 0, "SUPERUSER", "NOSUPERUSER"),
+        ("createdb", 1, "CREATEDB", "NOCREATEDB"),
+        ("createrole", 2, "CREATEROLE", "NOCREATEROLE"),
+        ("inherit", 3, "INHERIT", "NOINHERIT"),
+        ("canlogin", 4, "LOGIN", "NOLOGIN"),
+        ("isreplication", 5, "REPLICATION", "NOREPLICATION"),
+        ("bypassrls", 6, "BYPASSRLS", "NOBYPASSRLS"),
+    ] {
+        if has(option) {
+            attrs.push(flag(i, on, off));
+        }
+    }
+    if has("connectionlimit") {
+        attrs.push(format!(
+            "CONNECTION LIMIT {}",
+            get(7).and_then(|v| v.parse::<i32>().ok()).unwrap_or(-1)
+        ));
+    }
+    if has("password") {
+        attrs.push(match get(8) {
+            Some(p) => format!("PASSWORD {}", spi::lit(&p)),
+            None => "PASSWORD NULL".into(),
+        });
+    }
+    if has("validUntil") {
+        attrs.push(format!(
+            "VALID UNTIL {}",
+            spi::lit(get(9).as_deref().unwrap_or("infinity"))
+        ));
+    }
+    if !attrs.is_empty() {
+        out.push(format!(
+            "ALTER ROLE {} WITH {}",
+            spi::ident(name),
+            attrs.join(" ")
+        ));
+    }
+    if create && (has("addroleto") || has("rolemembers") || has("adminmembers")) {
+        let grants = spi::rows(
+            "SELECT r.rolname::text, m.rolname::text, am.admin_option::text \
+             FROM pg_catalog.pg_auth_members am \
+             JOIN pg_catalog.pg_roles r ON r.oid = am.roleid \
+             JOIN pg_catalog.pg_roles m ON m.oid = am.member \
+             WHERE r.rolname = $1 OR m.rolname = $1 ORDER BY 1, 2",
+            vec![name.into()],
+        );
+        for g in grants {
+            let (Some(role), Some(member)) =
+                (g.first().cloned().flatten(), g.get(1).cloned().flatten())
+            else {
+                continue;
+            };
+            let admin = g.get(2).cloned().flatten().as_deref() == Some("true");
+            out.push(format!(
+                "GRANT {} TO {}{}",
+                spi::ident(&role),
+                spi::ident(&member),
+                if admin { " WITH ADMIN OPTION" } else { "" }
+            ));
+        }
+    }
+    out.join(";\n")
+}
+
 /// Replicates a schema change a client just made here, in a database of the cluster (one with
-/// the extension, not a template): the local change and the proposal commit or fail together
-/// as far as the client is concerned; a transaction rolled back after the proposal still sees
-/// the change arrive, through this node's own applier.
-pub(crate) fn replicate_ddl(sql: &str) {
+/// the extension, not a template): kept for the proposal when the transaction commits, so
+/// the local change and the other nodes' commit or neither does.
+pub(crate) fn replicate_ddl(ddl: Ddl) {
     let eligible = spi::one(
         "SELECT (NOT d.datistemplate AND EXISTS \
            (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_multiregion'))::text \
@@ -282,5 +650,13 @@ pub(crate) fn replicate_ddl(sql: &str) {
         changed: true,
         ..Default::default()
     };
-    super::finish(effect, sql, Origin::User).or_raise();
+    let sql = match ddl {
+        Ddl::Text(sql) => sql,
+        Ddl::Role {
+            name,
+            create,
+            options,
+        } => role_sql(&name, create, &options),
+    };
+    super::finish(effect, &sql, Origin::User).or_raise();
 }
