@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane bench-matrix
+.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane bench-matrix bench-movr
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -28,6 +28,12 @@ bench-dataplane: build
 
 bench-matrix: build
 	cargo bench -p pgmr --bench matrix
+
+bench-movr: build
+	cargo build --release -p pgmr
+	{ [ -x target/venv-apps/bin/python ] || python3 -m venv target/venv-apps; } && \
+	  target/venv-apps/bin/pip install -q --disable-pip-version-check 'psycopg2-binary>=2.9'
+	target/venv-apps/bin/python bench/movr.py --pgmr target/release/pgmr
 
 bench-gateway: build
 	cargo build --release -p pgmr

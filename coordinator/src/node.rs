@@ -789,6 +789,11 @@ impl Node {
                 }
             }
             LocalRequest::DropDatabase { database } => {
+                // A database the cluster never knew (created from another template) was this
+                // node's alone: other nodes' databases of that name are not its copies.
+                if self.meta().read(|s| s.schema(&database).is_none()) {
+                    return LocalResponse::Done;
+                }
                 let command = Command::ForgetDatabase {
                     database,
                     node_id: self.id(),

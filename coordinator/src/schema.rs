@@ -23,7 +23,7 @@ use mr_meta::{Command, Outcome, SchemaChange};
 use mr_wire::local::SchemaApplyStatus;
 use sqlx::postgres::PgConnection;
 use sqlx::{ConnectOptions, Connection};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -144,6 +144,9 @@ impl Applier {
     /// starts a task for each database this node is behind on (or has not reported).
     pub async fn run(self, stop: CancellationToken) {
         let mut applied = self.meta.raft.data_metrics();
+        // Copies dropped here whose report this node's copy of the meta state does not show
+        // yet: not dropped again (a database created again meanwhile is the new one).
+        let mut dropped_here: BTreeSet<String> = BTreeSet::new();
         loop {
             tokio::select! {
                 _ = changed_or(&mut applied, POLL) => {}
@@ -153,18 +156,23 @@ impl Applier {
                 continue;
             }
             let me = self.node_id;
-            let (logs, to_drop): (Vec<(String, u64, u64)>, Vec<String>) = self.meta.read(|s| {
+            let (logs, pending): (Vec<(String, u64, u64)>, Vec<String>) = self.meta.read(|s| {
                 let logs = s
                     .schemas()
                     .map(|(db, log)| (db.to_string(), log.version, log.applied_by(me)))
                     .collect();
-                let to_drop = s
+                let pending = s
                     .dropped_databases()
                     .filter(|(_, done)| !done.contains(&me))
                     .map(|(db, _)| db.to_string())
                     .collect();
-                (logs, to_drop)
+                (logs, pending)
             });
+            dropped_here.retain(|db| pending.contains(db));
+            let to_drop: Vec<String> = pending
+                .into_iter()
+                .filter(|db| !dropped_here.contains(db))
+                .collect();
             // A copy of a database dropped elsewhere goes first: a database created again
             // under its name must not continue the old copy.
             for db in &to_drop {
@@ -174,6 +182,7 @@ impl Applier {
                 match self.drop_copy(db).await {
                     Ok(()) => {
                         self.progress.lock().remove(db);
+                        dropped_here.insert(db.clone());
                     }
                     Err(e) => {
                         tracing::warn!(database = db, "cannot drop a dropped database's copy: {e}")

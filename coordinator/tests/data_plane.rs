@@ -1746,7 +1746,8 @@ async fn under_region_survival_losing_a_region_leaves_every_table_writable() {
 /// this node's copies would answer without those changes is refused. A table whose region is
 /// computed from a column is reached through that column: a statement that fixes it touches
 /// one partition, so even a SERIALIZABLE transaction (which never spans leaseholders) can
-/// write a row of another region through it.
+/// write a row of another region through it. A node that holds no replica of some partitions
+/// reads the table through each leaseholder (and locks there with FOR UPDATE).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_over_several_leaseholders_run_on_each_leaseholders_partitions() {
     let dir = scratch("data-split");
@@ -1861,6 +1862,62 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         )
         .await;
     }
+
+    // Reads. With PLACEMENT RESTRICTED a partition has no replica outside its region, so the
+    // us-west1 node holds none of the others: a scan of the table runs on each leaseholder
+    // over its own partitions (also with FOR UPDATE, locking there); what needs every
+    // partition's rows in one place (an aggregate) is refused with a hint.
+    exec(
+        &mut east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
+    )
+    .await;
+    eventually(
+        "the us-west1 node without the other partitions",
+        Duration::from_secs(60),
+        || async {
+            let mut w = connect(&nodes[1], "mr").await?;
+            let e = sqlx::query_scalar::<_, i64>("SELECT sum(balance)::int8 FROM accounts")
+                .fetch_one(&mut w)
+                .await
+                .err()?;
+            (code(&e) == "0A000").then_some(())
+        },
+    )
+    .await;
+    let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
+        .fetch_all(&mut west)
+        .await
+        .unwrap();
+    rows.sort();
+    assert_eq!(
+        rows,
+        vec![(1, 1000), (2, 1001), (3, 1001), (4, 1000), (6, 1001)]
+    );
+    let by_id: (i32, i64) = sqlx::query_as("SELECT id, balance FROM accounts WHERE id = $1")
+        .bind(6)
+        .fetch_one(&mut west)
+        .await
+        .unwrap();
+    assert_eq!(by_id, (6, 1001));
+    exec(&mut west, "BEGIN").await;
+    let locked: Vec<(i32,)> =
+        sqlx::query_as("SELECT id FROM accounts WHERE balance > 1000 FOR UPDATE")
+            .fetch_all(&mut west)
+            .await
+            .unwrap();
+    assert_eq!(locked.len(), 3, "{locked:?}");
+    // Held at the leaseholder: a write there waits, then gives up.
+    exec(&mut eu, "SET lock_timeout = '300ms'").await;
+    let err = sqlx::raw_sql(
+        "UPDATE accounts SET balance = 0 WHERE crdb_region = 'europe-west1' AND id = 6",
+    )
+    .execute(&mut eu)
+    .await
+    .unwrap_err();
+    assert_eq!(code(&err), "55P03", "{err}");
+    exec(&mut west, "ROLLBACK").await;
+    no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }
 

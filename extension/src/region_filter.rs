@@ -22,15 +22,19 @@ use std::cell::RefCell;
 use std::ffi::{c_void, CString};
 
 thread_local! {
-    /// The partitions the next planned UPDATE or DELETE changes rows of: one share of a
-    /// statement split over several leaseholders (`crate::routing`).
-    static RESTRICT: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+    /// The statement kind and partitions of one share of a statement split over several
+    /// leaseholders (`crate::routing`): the next planned query of that kind reads or changes
+    /// rows of those partitions only.
+    static RESTRICT: RefCell<Option<(pg_sys::CmdType::Type, Vec<String>)>> =
+        const { RefCell::new(None) };
 }
 
-/// Restricts the next planned statement (an UPDATE or DELETE of a REGIONAL BY ROW table) to
-/// rows of `partitions` of its target; `None` lifts a restriction not yet used.
-pub fn restrict(partitions: Option<Vec<String>>) {
-    RESTRICT.with(|r| *r.borrow_mut() = partitions);
+/// Restricts the next planned statement of kind `cmd` (a SELECT, UPDATE or DELETE of a
+/// REGIONAL BY ROW table) to rows of `partitions` of its table; `None` lifts a restriction
+/// not yet used. Queries of another kind planned meanwhile (lookups made while running the
+/// share) are left alone.
+pub fn restrict(share: Option<(pg_sys::CmdType::Type, Vec<String>)>) {
+    RESTRICT.with(|r| *r.borrow_mut() = share);
 }
 
 // rewriteManip.h, which pgrx does not bind. Called through `pg_guard_ffi_boundary`.
@@ -55,10 +59,15 @@ pub unsafe fn derive(query: *mut pg_sys::Query, params: pg_sys::ParamListInfo) {
         let q = &mut *query;
         // Taken by the share's own statement, not by a query planned while looking things
         // up for it.
-        if matches!(q.commandType, CMD_UPDATE | CMD_DELETE) {
-            if let Some(partitions) = RESTRICT.with(|r| r.borrow_mut().take()) {
-                restrict_target(q, &partitions);
+        let share = RESTRICT.with(|r| {
+            let mut r = r.borrow_mut();
+            match r.as_ref() {
+                Some((cmd, _)) if *cmd == q.commandType => r.take().map(|(_, p)| p),
+                _ => None,
             }
+        });
+        if let Some(partitions) = share {
+            restrict_target(q, &partitions);
         }
         for cte in ptrs::<pg_sys::CommonTableExpr>(q.cteList) {
             let sub = (*cte).ctequery;
@@ -161,15 +170,25 @@ unsafe fn restrict_target(q: &mut pg_sys::Query, partitions: &[String]) {
     // SAFETY: the Query handed to the planner; the result relation is in its range table and
     // locked by analysis.
     unsafe {
-        let target = if matches!(q.commandType, CMD_UPDATE | CMD_DELETE) && !q.jointree.is_null() {
-            let rte = ptrs::<pg_sys::RangeTblEntry>(q.rtable)[q.resultRelation as usize - 1];
-            lookup((*rte).relid).map(|t| ((*rte).relid, t.region_attno))
-        } else {
+        let target = if q.jointree.is_null() {
             None
+        } else if matches!(q.commandType, CMD_UPDATE | CMD_DELETE) {
+            let rte = ptrs::<pg_sys::RangeTblEntry>(q.rtable)[q.resultRelation as usize - 1];
+            lookup((*rte).relid).map(|t| (q.resultRelation, (*rte).relid, t.region_attno))
+        } else {
+            // A read of one REGIONAL BY ROW table (`replication::splittable`): its only FROM item.
+            match ptrs::<pg_sys::Node>((*q.jointree).fromlist).as_slice() {
+                [item] if is_a(*item, pg_sys::NodeTag::T_RangeTblRef) => {
+                    let varno = (*(*item as *mut pg_sys::RangeTblRef)).rtindex;
+                    let rte = ptrs::<pg_sys::RangeTblEntry>(q.rtable)[varno as usize - 1];
+                    lookup((*rte).relid).map(|t| (varno, (*rte).relid, t.region_attno))
+                }
+                _ => None,
+            }
         };
-        let Some((relid, attno)) = target else {
+        let Some((varno, relid, attno)) = target else {
             MrError::WriteNotServed {
-                message: "only an UPDATE or DELETE of a REGIONAL BY ROW table can run over some of its partitions".into(),
+                message: "only a statement on one REGIONAL BY ROW table can run over some of its partitions".into(),
                 hint: "This is a bug in statement routing: please report it with the statement.".into(),
             }
             .raise()
@@ -185,7 +204,7 @@ unsafe fn restrict_target(q: &mut pg_sys::Query, partitions: &[String]) {
         for p in partitions {
             let c = CString::new(p.as_str()).unwrap_or_default();
             let value = pg_sys::OidInputFunctionCall(input, c.as_ptr() as *mut _, ioparam, -1);
-            let column = pg_sys::makeVar(q.resultRelation, attno, typ, typmod, collation, 0);
+            let column = pg_sys::makeVar(varno, attno, typ, typmod, collation, 0);
             let konst = pg_sys::makeConst(typ, -1, collation, len.into(), value, false, byval);
             let eq = pg_sys::make_opclause(
                 eq,

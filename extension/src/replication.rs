@@ -460,8 +460,9 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
 }
 
 /// Whether the statement is an UPDATE or DELETE whose only replicated relations are its
-/// partitioned target and the partitions it changes: run over each leaseholder's partitions
-/// in turn, the shares change exactly the rows the whole statement would. A statement that
+/// partitioned target and the partitions it changes (or a SELECT of one REGIONAL BY ROW
+/// table, [`splittable_read`]): run over each leaseholder's partitions in turn, the shares
+/// change (or read) exactly the rows the whole statement would. A statement that
 /// also reads the table (a subquery), or any other replicated table, is not: a share would
 /// read it on a node that may hold no copy of it.
 ///
@@ -471,6 +472,9 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
 pub unsafe fn splittable(qd: &pg_sys::QueryDesc) -> bool {
     // SAFETY: as this function's contract.
     unsafe {
+        if qd.operation == pg_sys::CmdType::CMD_SELECT {
+            return splittable_read(qd);
+        }
         if !matches!(
             qd.operation,
             pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
@@ -497,6 +501,73 @@ pub unsafe fn splittable(qd: &pg_sys::QueryDesc) -> bool {
             }
         }
         parents == 1
+    }
+}
+
+/// Whether a SELECT is a scan of one REGIONAL BY ROW table whose rows the shares can simply
+/// concatenate: the plan is an Append of scans of that table's partitions (under at most a
+/// projection and row locks), with no subplan; no aggregate, sort, limit, DISTINCT, window or join above
+/// it, each of which needs every partition's rows in one place.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+unsafe fn splittable_read(qd: &pg_sys::QueryDesc) -> bool {
+    use pg_sys::NodeTag::*;
+    // SAFETY: the planned statement and its plan tree are valid for the query's life; each
+    // cast follows the node's tag.
+    unsafe {
+        let ps = &*qd.plannedstmt;
+        if ps.hasModifyingCTE || ps.rtable.is_null() || !ps.subplans.is_null() {
+            return false;
+        }
+        let mut top = ps.planTree;
+        // FOR UPDATE / FOR SHARE: each share locks its rows where they are leased.
+        if !top.is_null() && (*top).type_ == T_LockRows && (*top).initPlan.is_null() {
+            top = (*top).lefttree;
+        }
+        if !top.is_null() && (*top).type_ == T_Result && (*top).initPlan.is_null() {
+            let result = top as *mut pg_sys::Result;
+            if !(*result).resconstantqual.is_null() {
+                return false;
+            }
+            top = (*top).lefttree;
+        }
+        if top.is_null() || (*top).type_ != T_Append || !(*top).initPlan.is_null() {
+            return false;
+        }
+        let append = top as *mut pg_sys::Append;
+        let children = (*append).appendplans;
+        if children.is_null() {
+            return false;
+        }
+        for i in 0..(*children).length {
+            let child = pg_sys::list_nth(children, i) as *mut pg_sys::Plan;
+            if child.is_null()
+                || !matches!(
+                    (*child).type_,
+                    T_SeqScan | T_IndexScan | T_IndexOnlyScan | T_BitmapHeapScan
+                )
+            {
+                return false;
+            }
+        }
+        // Only the table and its partitions: a parent and leaves of it.
+        let mut parent = None;
+        for i in 0..(*ps.rtable).length {
+            let rte = pg_sys::list_nth(ps.rtable, i) as *mut pg_sys::RangeTblEntry;
+            if rte.is_null() || (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION {
+                continue;
+            }
+            if (*rte).relkind as u8 == b'p' {
+                if parent.replace((*rte).relid).is_some() || !is_replicated((*rte).relid) {
+                    return false;
+                }
+            } else if partition_of((*rte).relid).is_none() {
+                return false;
+            }
+        }
+        parent.is_some()
     }
 }
 

@@ -1251,7 +1251,13 @@ fn exec_share(
             .raise();
         }
         if !partitions.is_empty() {
-            crate::region_filter::restrict(Some(partitions.to_vec()));
+            let cmd = match tag {
+                pg_sys::NodeTag::T_SelectStmt => pg_sys::CmdType::CMD_SELECT,
+                pg_sys::NodeTag::T_UpdateStmt => pg_sys::CmdType::CMD_UPDATE,
+                pg_sys::NodeTag::T_DeleteStmt => pg_sys::CmdType::CMD_DELETE,
+                _ => pg_sys::CmdType::CMD_INSERT,
+            };
+            crate::region_filter::restrict(Some((cmd, partitions.to_vec())));
         }
         // An INSERT, or an UPDATE that moves rows, may write partitions leased elsewhere.
         collecting = match tag {

@@ -63,9 +63,17 @@ pub struct TxnMeta {
     pub start_ms: u64,
 }
 
-/// The cluster setting that turns row replication on (off by default until snapshots for new
-/// replicas, sequences and statements over several leaseholders exist).
+/// The cluster setting that turns row replication on (off by default until snapshots exist:
+/// docs/ARCHITECTURE.md §8, "Why snapshots come first").
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
+
+/// Whether the meta state has row replication on.
+pub fn replication_on(s: &mr_meta::MetaState) -> bool {
+    matches!(
+        s.cluster_setting(REPLICATION_SETTING),
+        Some("true" | "on" | "1")
+    )
+}
 
 /// Heartbeats above the slowest simulated RTT (132 ms); elections after a few missed ones, so
 /// that a lost leaseholder is replaced within seconds (openraft also waits out the old
@@ -659,12 +667,27 @@ impl Ranges {
         let Some(g) = self.group(range_id) else {
             return Err(not_here("this node holds no replica", None));
         };
+        // The lease moved during the transaction (its record still names this node, or the
+        // new holder recorded it after the transaction began): the transaction was routed here
+        // while this node led the range (a new range's lease going to its preferred region, a
+        // failover). Retrying routes it to the new leaseholder; a statement that ran here
+        // knowing the range was leased elsewhere gets 0A000.
+        let lease = self.meta.read(|s| s.lease(range_id).cloned());
+        let served_here = lease.is_some_and(|l| l.holder == self.me || l.start_ms >= txn_start_ms);
+        let moved = |holder: Option<u64>| {
+            WriteError::Retryable(format!(
+                "the lease of range {range_id} of table {} moved to node {} during this transaction",
+                write_target(targets),
+                holder.or(recorded).map_or("(none yet)".into(), |h| h.to_string())
+            ))
+        };
         // Wait for a leader (a new range, or an election under way).
         let deadline = Instant::now() + WRITE_TIMEOUT;
         loop {
             let m = g.raft.metrics().borrow().clone();
             match m.current_leader {
                 Some(l) if l == self.me => break,
+                Some(l) if served_here => return Err(moved(Some(l))),
                 Some(l) => return Err(not_here("this node is not the leaseholder", Some(l))),
                 None if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await
@@ -677,6 +700,9 @@ impl Ranges {
             }
         }
         if g.leading().is_none() {
+            if served_here {
+                return Err(moved(None));
+            }
             return Err(not_here("this node is no longer the leaseholder", None));
         }
         // A new leader serves once its applier passes the fence: usually within milliseconds.
@@ -705,12 +731,7 @@ impl Ranges {
 
     /// Whether row replication is on.
     pub fn enabled(&self) -> bool {
-        self.meta.read(|s| {
-            matches!(
-                s.cluster_setting(REPLICATION_SETTING),
-                Some("true" | "on" | "1")
-            )
-        })
+        self.meta.read(replication_on)
     }
 
     /// [`Self::resolve`], waiting (up to [`WRITE_TIMEOUT`]) while a replicated table's range
@@ -743,10 +764,7 @@ impl Ranges {
     /// records them.
     fn resolve(&self, database: &str, targets: &[(TableRef, Option<String>)]) -> Resolved {
         self.meta.read(|s| {
-            let enabled = matches!(
-                s.cluster_setting(REPLICATION_SETTING),
-                Some("true" | "on" | "1")
-            );
+            let enabled = replication_on(s);
             let mut ranges = BTreeSet::new();
             let mut expanded = BTreeSet::new();
             let mut missing = Vec::new();
@@ -972,6 +990,13 @@ impl Ranges {
         }
         match one_holder {
             Some(h) if h != self.me => Ok(there(h)),
+            // A scan of one REGIONAL BY ROW table: each leaseholder reads its partitions.
+            _ if splittable => Ok(Route {
+                enabled: true,
+                forward_to: None,
+                split: self.shares(targets, holder)?,
+                mixed: false,
+            }),
             _ => {
                 let (range_id, h) = ranges
                     .iter()
