@@ -5,6 +5,7 @@
 //! fault injection live), and answers the extension's questions over a local Unix socket.
 //! See docs/ARCHITECTURE.md for the whole design.
 
+mod blocking;
 mod cli;
 mod demo;
 mod failpoint;

@@ -77,13 +77,15 @@ fn get<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, redb:
 
 fn put<T: Serialize>(db: &Database, key: &str, v: &T, durable: bool) -> Result<(), redb::Error> {
     let bytes = serde_json::to_vec(v).expect("storage records serialize");
-    let mut tx = db.begin_write()?;
-    if !durable {
-        tx.set_durability(Durability::Eventual);
-    }
-    tx.open_table(META)?.insert(key, bytes.as_slice())?;
-    tx.commit()?;
-    Ok(())
+    crate::blocking::run(|| {
+        let mut tx = db.begin_write()?;
+        if !durable {
+            tx.set_durability(Durability::Eventual);
+        }
+        tx.open_table(META)?.insert(key, bytes.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    })
 }
 
 fn io(e: impl Into<redb::Error>, f: impl FnOnce(AnyError) -> StorageIOError<u64>) -> SErr {
@@ -185,7 +187,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             tx.commit()?;
             Ok(())
         };
-        let result = write();
+        let result = crate::blocking::run(write);
         let flushed = result
             .as_ref()
             .map(|_| ())
@@ -202,7 +204,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             tx.commit()?;
             Ok(())
         };
-        write().map_err(|e| io(e, StorageIOError::write_logs))
+        crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
@@ -215,7 +217,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             tx.commit()?;
             Ok(())
         };
-        write().map_err(|e| io(e, StorageIOError::write_logs))
+        crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
     }
 }
 

@@ -67,6 +67,31 @@ pub struct TxnMeta {
 /// docs/ARCHITECTURE.md §8, "Why snapshots come first").
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
 
+/// Whether the meta state knows `t` as a REGIONAL BY ROW table.
+fn is_rbr(s: &mr_meta::MetaState, t: &TableRef) -> bool {
+    matches!(
+        s.table_locality(t),
+        Some(mr_meta::TableLocality::RegionalByRow { .. })
+    )
+}
+
+/// The range holding (table, partition) rows: a REGIONAL BY ROW partition's own range; any
+/// other table's one range (a partition of a table partitioned otherwise is part of it).
+/// Right after a table changes locality its new ranges do not exist for a moment: `None`
+/// then, never the old layout's range (rows committed there would reach only its replicas).
+fn range_for<'a>(
+    s: &'a mr_meta::MetaState,
+    t: &TableRef,
+    p: &Option<String>,
+) -> Option<&'a mr_meta::RangeDescriptor> {
+    if is_rbr(s, t) {
+        p.as_ref()?;
+        s.ranges().find(|r| &r.table == t && &r.partition == p)
+    } else {
+        s.ranges().find(|r| &r.table == t && r.partition.is_none())
+    }
+}
+
 /// Whether the meta state has row replication on.
 pub fn replication_on(s: &mr_meta::MetaState) -> bool {
     matches!(
@@ -603,7 +628,19 @@ impl Ranges {
         let mut per_range: BTreeMap<u64, (Vec<String>, Vec<Target>)> = BTreeMap::new();
         for w in writes {
             let Some(range_id) = self.range_of(&w.table, &w.partition) else {
-                continue;
+                let replicated = self.meta.read(|s| {
+                    s.catalog()
+                        .any(|(db, ts)| *db == database && ts.contains(&w.table))
+                });
+                if !replicated {
+                    continue;
+                }
+                // Rows in a layout the table just left (written here before this node
+                // applied its locality change), or a new range not created yet.
+                return Err(WriteError::Retryable(format!(
+                    "table {}.{} is changing its ranges (a locality change); retry",
+                    w.table.schema, w.table.table
+                )));
             };
             let body = w.changes.trim();
             let body = body
@@ -719,14 +756,9 @@ impl Ranges {
         Ok(g)
     }
 
-    /// The range holding (table, partition) rows: the partition's, else the table's.
+    /// The range holding (table, partition) rows ([`range_for`]).
     fn range_of(&self, t: &TableRef, p: &Option<String>) -> Option<u64> {
-        self.meta.read(|s| {
-            s.ranges()
-                .find(|r| &r.table == t && &r.partition == p)
-                .or_else(|| s.ranges().find(|r| &r.table == t && r.partition.is_none()))
-                .map(|r| r.range_id)
-        })
+        self.meta.read(|s| range_for(s, t, p).map(|r| r.range_id))
     }
 
     /// Whether row replication is on.
@@ -773,12 +805,13 @@ impl Ranges {
                 if !replicated {
                     continue;
                 }
-                let exact = s.ranges().find(|r| &r.table == t && &r.partition == p);
-                let whole = || s.ranges().find(|r| &r.table == t && r.partition.is_none());
-                if let (None, None, None) = (p, exact, whole()) {
-                    // A partitioned table named without a partition: every partition.
+                if p.is_none() && is_rbr(s, t) {
+                    // A REGIONAL BY ROW table named without a partition: every partition.
                     let before = ranges.len();
-                    for r in s.ranges().filter(|r| &r.table == t) {
+                    for r in s
+                        .ranges()
+                        .filter(|r| &r.table == t && r.partition.is_some())
+                    {
                         ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
                         expanded.insert(r.range_id);
                     }
@@ -787,7 +820,7 @@ impl Ranges {
                     }
                     continue;
                 }
-                match exact.or_else(whole) {
+                match range_for(s, t, p) {
                     Some(r) => {
                         ranges.insert((r.range_id, s.lease(r.range_id).map(|l| l.holder)));
                     }

@@ -73,14 +73,16 @@ fn put<T: Serialize>(
     durable: bool,
 ) -> Result<(), redb::Error> {
     let bytes = serde_json::to_vec(v).expect("storage records serialize");
-    let mut tx = db.begin_write()?;
-    if !durable {
-        tx.set_durability(Durability::Eventual);
-    }
-    tx.open_table(META)?
-        .insert((range, key), bytes.as_slice())?;
-    tx.commit()?;
-    Ok(())
+    crate::blocking::run(|| {
+        let mut tx = db.begin_write()?;
+        if !durable {
+            tx.set_durability(Durability::Eventual);
+        }
+        tx.open_table(META)?
+            .insert((range, key), bytes.as_slice())?;
+        tx.commit()?;
+        Ok(())
+    })
 }
 
 fn io(e: impl Into<redb::Error>, f: impl FnOnce(AnyError) -> StorageIOError<u64>) -> SErr {
@@ -114,20 +116,22 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
 
 /// Records `gid`'s decision as learned from its anchor's leaseholder (unless one is known).
 pub fn learn_decision(db: &Database, gid: &str, commit: bool) -> Result<bool, redb::Error> {
-    let tx = db.begin_write()?;
-    let decided = {
-        let mut t = tx.open_table(DECISIONS)?;
-        let known = t.get(gid)?.map(|v| v.value() == 1);
-        match known {
-            Some(d) => d,
-            None => {
-                t.insert(gid, u8::from(commit))?;
-                commit
+    crate::blocking::run(|| {
+        let tx = db.begin_write()?;
+        let decided = {
+            let mut t = tx.open_table(DECISIONS)?;
+            let known = t.get(gid)?.map(|v| v.value() == 1);
+            match known {
+                Some(d) => d,
+                None => {
+                    t.insert(gid, u8::from(commit))?;
+                    commit
+                }
             }
-        }
-    };
-    tx.commit()?;
-    Ok(decided)
+        };
+        tx.commit()?;
+        Ok(decided)
+    })
 }
 
 /// Whether `range`'s log holds a transaction's rows at or below `to` (stops at the first).
@@ -146,12 +150,14 @@ pub fn has_data_entries(db: &Database, range: u64, to: u64) -> Result<bool, redb
 
 /// Forgets everything stored for `range` (this node no longer holds a replica of it).
 pub fn remove_range(db: &Database, range: u64) -> Result<(), redb::Error> {
-    let tx = db.begin_write()?;
-    tx.open_table(LOG)?
-        .retain_in((range, 0)..=(range, u64::MAX), |_, _| false)?;
-    tx.open_table(META)?.retain(|(r, _), _| r != range)?;
-    tx.commit()?;
-    Ok(())
+    crate::blocking::run(|| {
+        let tx = db.begin_write()?;
+        tx.open_table(LOG)?
+            .retain_in((range, 0)..=(range, u64::MAX), |_, _| false)?;
+        tx.open_table(META)?.retain(|(r, _), _| r != range)?;
+        tx.commit()?;
+        Ok(())
+    })
 }
 
 /// One range's log and vote.
@@ -257,7 +263,7 @@ impl RaftLogStorage<RangeConfig> for LogStore {
             tx.commit()?;
             Ok(())
         };
-        let result = write();
+        let result = crate::blocking::run(write);
         let flushed = result
             .as_ref()
             .map(|_| ())
@@ -276,7 +282,7 @@ impl RaftLogStorage<RangeConfig> for LogStore {
             tx.commit()?;
             Ok(())
         };
-        write().map_err(|e| io(e, StorageIOError::write_logs))
+        crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
     }
 
     /// Never called: no snapshots are built, so openraft has nothing to purge up to.
@@ -364,7 +370,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         // which only re-announces them (and finds the same first decisions); the applier's
         // own cursor is in PostgreSQL.
         let bytes = serde_json::to_vec(&record).expect("storage records serialize");
-        let mut write = || -> Result<(), redb::Error> {
+        let write = || -> Result<(), redb::Error> {
             let mut tx = self.db.begin_write()?;
             tx.set_durability(Durability::Eventual);
             tx.open_table(META)?
@@ -386,7 +392,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             tx.commit()?;
             Ok(())
         };
-        write().map_err(|e| io(e, StorageIOError::write))?;
+        crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write))?;
         self.committed.send_replace(record.0.map_or(0, |l| l.index));
         Ok(out)
     }
