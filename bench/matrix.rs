@@ -19,8 +19,7 @@
 mod common;
 
 use common::*;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
-use sqlx::ConnectOptions;
+use sqlx::postgres::PgConnection;
 use std::time::{Duration, Instant};
 
 const WAN: &str =
@@ -58,22 +57,9 @@ fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     (at(0.5), at(0.99))
 }
 
-async fn connect(node: &Node, db: &str) -> PgConnection {
-    PgConnectOptions::new()
-        .host("127.0.0.1")
-        .port(node.pg_port)
-        .username("postgres")
-        .database(db)
-        .connect()
-        .await
-        .expect("connect")
-}
-
-async fn exec(c: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sql)
-        .execute(&mut *c)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+/// A connection to `db` on `node`; the benchmark cannot go on without it.
+async fn connect_ok(node: &Node, db: &str) -> PgConnection {
+    connect(node, db).await.expect("connect")
 }
 
 /// Latencies (ms) of `OPS` runs of `sql` (simple protocol), `{}` replaced by keys from `keys`.
@@ -99,7 +85,7 @@ async fn leases_at_home(node: &Node) {
         "every lease in its home region",
         Duration::from_secs(180),
         || async {
-            let mut c = connect(node, "bench").await;
+            let mut c = connect_ok(node, "bench").await;
             let away: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM multiregion.ranges r \
              WHERE r.database_name = 'bench' AND (r.lease_holder IS NULL OR \
@@ -146,7 +132,7 @@ async fn main() {
     })
     .await;
     exec(&mut nodes[0].sql().await, "CREATE DATABASE bench").await;
-    let mut b = connect(&nodes[0], "bench").await;
+    let mut b = connect_ok(&nodes[0], "bench").await;
     exec(
         &mut b,
         r#"SELECT multiregion.execute('ALTER DATABASE bench PRIMARY REGION "us-east1"');
@@ -173,7 +159,7 @@ async fn main() {
     leases_at_home(&nodes[0]).await;
     // Rows, each written through its home region.
     for (i, r) in REGIONS.iter().enumerate() {
-        let mut g = connect(gateway(i), "bench").await;
+        let mut g = connect_ok(gateway(i), "bench").await;
         let t = format!("rbt_{}", r.replace('-', "_"));
         exec(
             &mut g,
@@ -220,7 +206,7 @@ async fn main() {
     println!("| table | gateway | home | read | write | floor ms (read, write) |");
     println!("|---|---|---|---|---|---|");
     for (gi, g) in REGIONS.iter().enumerate() {
-        let mut c = connect(gateway(gi), "bench").await;
+        let mut c = connect_ok(gateway(gi), "bench").await;
         for (hi, h) in REGIONS.iter().enumerate() {
             let floor = floor(g, h);
             let keys = hi * 1000 + 1..hi * 1000 + ROWS + 1;

@@ -16,24 +16,6 @@ const EAST_B: &str = "region=us-east1,zone=us-east1-b";
 const WEST_A: &str = "region=us-west1,zone=us-west1-a";
 const EU_B: &str = "region=europe-west1,zone=europe-west1-b";
 
-async fn connect(node: &Node, db: &str) -> Option<PgConnection> {
-    PgConnectOptions::new()
-        .host("127.0.0.1")
-        .port(node.pg_port)
-        .username("postgres")
-        .database(db)
-        .connect()
-        .await
-        .ok()
-}
-
-async fn exec(c: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sql)
-        .execute(&mut *c)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
 /// Turns replication on, creates database `bank` with `accounts` on node 1, and waits until
 /// the table's range has a leaseholder; returns its node id.
 async fn bank(nodes: &[Node]) -> u64 {
@@ -124,13 +106,6 @@ async fn converged(nodes: &[Node], live: &[usize]) -> (i64, String) {
         },
     )
     .await
-}
-
-fn code(e: &sqlx::Error) -> String {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .map(|c| c.to_string())
-        .unwrap_or_else(|| format!("client: {e}"))
 }
 
 /// Inserts, updates, deletes, upserts, savepoints and TRUNCATE on the leaseholder reach every

@@ -16,24 +16,6 @@ const LOCALITIES: [&str; 3] = [
     "region=europe-west1,zone=europe-west1-b",
 ];
 
-async fn connect(node: &Node, db: &str) -> Option<PgConnection> {
-    PgConnectOptions::new()
-        .host("127.0.0.1")
-        .port(node.pg_port)
-        .username("postgres")
-        .database(db)
-        .connect()
-        .await
-        .ok()
-}
-
-async fn exec(c: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sql)
-        .execute(c)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
 async fn one(c: &mut PgConnection, sql: &str) -> String {
     sqlx::query_scalar::<_, Option<String>>(sql)
         .fetch_one(c)
@@ -59,13 +41,6 @@ async fn tables(node: &Node, db: &str) -> Vec<String> {
     .fetch_all(&mut c)
     .await
     .unwrap()
-}
-
-fn code(e: &sqlx::Error) -> String {
-    e.as_database_error()
-        .and_then(|d| d.code())
-        .map(|c| c.to_string())
-        .unwrap_or_else(|| format!("client: {e}"))
 }
 
 /// CREATE DATABASE and DROP DATABASE through any node reach every node; DDL takes effect on

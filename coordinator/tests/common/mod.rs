@@ -317,3 +317,31 @@ pub fn pgmr_ok(args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A connection to database `db` on `node` as `postgres`, if the node accepts one.
+pub async fn connect(node: &Node, db: &str) -> Option<PgConnection> {
+    PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(node.pg_port)
+        .username("postgres")
+        .database(db)
+        .connect()
+        .await
+        .ok()
+}
+
+/// Runs `sql` (simple protocol: several statements allowed), failing the test on an error.
+pub async fn exec(c: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(sql)
+        .execute(&mut *c)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// An error's SQLSTATE, or what the client said when it is not a SQL error.
+pub fn code(e: &sqlx::Error) -> String {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| format!("client: {e}"))
+}
