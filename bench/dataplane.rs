@@ -40,41 +40,13 @@ fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
     (percentile(&v, 0.5), percentile(&v, 0.99))
 }
 
-async fn connect(node: &Node, db: &str) -> PgConnection {
-    PgConnectOptions::new()
-        .host("127.0.0.1")
-        .port(node.pg_port)
-        .username("postgres")
-        .database(db)
-        .connect()
-        .await
-        .expect("connect")
-}
-
-async fn exec(c: &mut PgConnection, sql: &str) {
-    sqlx::raw_sql(sql)
-        .execute(&mut *c)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// Turns row replication on, retrying while a new cluster's meta group settles.
-async fn enable_replication(node: &Node) {
-    eventually("replication on", Duration::from_secs(60), || async {
-        let mut c = node.sql().await;
-        sqlx::query(
-            "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
-        )
-        .execute(&mut c)
-        .await
-        .ok()
-        .map(|_| ())
-    })
-    .await;
+/// A connection to `db` on `node`; the benchmark cannot go on without it.
+async fn connect_ok(node: &Node, db: &str) -> PgConnection {
+    connect(node, db).await.expect("connect")
 }
 
 async fn leaseholder(node: &Node, table: &str) -> u64 {
-    let mut c = connect(node, "bench").await;
+    let mut c = connect_ok(node, "bench").await;
     loop {
         let h: Option<i64> = sqlx::query_scalar(
             "SELECT lease_holder FROM multiregion.ranges WHERE database_name = 'bench' AND table_name = $1",
@@ -129,7 +101,7 @@ async fn throughput(node: &Node, table: &str) -> f64 {
     let deadline = Instant::now() + THROUGHPUT_FOR;
     let mut tasks = Vec::new();
     for t in 0..CLIENTS {
-        let mut c = connect(node, "bench").await;
+        let mut c = connect_ok(node, "bench").await;
         let sql = sql.clone();
         tasks.push(tokio::spawn(async move {
             let mut n = 0u64;
@@ -176,7 +148,7 @@ async fn two_phase(nodes: &[Node], b: &mut PgConnection) -> usize {
     .await;
     let h1 = leaseholder(&nodes[0], "kv").await as usize - 1;
     let h2 = leaseholder(&nodes[0], "kv2").await as usize - 1;
-    let mut c = connect(&nodes[h1], "bench").await;
+    let mut c = connect_ok(&nodes[h1], "bench").await;
     if h1 == h2 {
         exec(&mut c, "INSERT INTO kv2 VALUES (1, 0)").await;
         let one = p50_p99(
@@ -222,7 +194,7 @@ async fn two_phase(nodes: &[Node], b: &mut PgConnection) -> usize {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     for (node, first) in [(east_holder, 1), (3, 101)] {
-        let mut n = connect(&nodes[node], "bench").await;
+        let mut n = connect_ok(&nodes[node], "bench").await;
         let sql = format!(
             "INSERT INTO rbr (k, v) SELECT g, 0 FROM generate_series({first}, {}) g",
             first + 1
@@ -233,7 +205,7 @@ async fn two_phase(nodes: &[Node], b: &mut PgConnection) -> usize {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    let mut e = connect(&nodes[east_holder], "bench").await;
+    let mut e = connect_ok(&nodes[east_holder], "bench").await;
     let local = p50_p99(
         latencies_text(
             &mut e,
@@ -271,7 +243,7 @@ async fn two_phase(nodes: &[Node], b: &mut PgConnection) -> usize {
 /// computed from a city (the filter derived from the city: one leaseholder), and a row moved
 /// to another region and back.
 async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize) {
-    let mut e = connect(&nodes[east], "bench").await;
+    let mut e = connect_ok(&nodes[east], "bench").await;
     let named = p50_p99(
         latencies_text(
             &mut e,
@@ -296,7 +268,7 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
         "SELECT multiregion.execute('CREATE TABLE riders (id int, city text NOT NULL, v int NOT NULL DEFAULT 0,          region crdb_internal_region NOT NULL AS (CASE WHEN city = ''new york'' THEN ''us-east1''          WHEN city = ''seattle'' THEN ''us-west1'' ELSE ''europe-west1'' END) STORED,          PRIMARY KEY (city, id)) LOCALITY REGIONAL BY ROW AS region')",
     )
     .await;
-    let mut w = connect(&nodes[3], "bench").await;
+    let mut w = connect_ok(&nodes[3], "bench").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while let Err(err) = sqlx::raw_sql("INSERT INTO riders (id, city) VALUES (1, 'seattle')")
         .execute(&mut w)
@@ -355,7 +327,7 @@ async fn main() {
     enable_replication(&nodes[0]).await;
     let mut c = nodes[0].sql().await;
     exec(&mut c, "CREATE DATABASE bench").await;
-    let mut b = connect(&nodes[0], "bench").await;
+    let mut b = connect_ok(&nodes[0], "bench").await;
     for sql in [
         r#"SELECT multiregion.execute('ALTER DATABASE bench PRIMARY REGION "us-east1"')"#,
         r#"SELECT multiregion.execute('ALTER DATABASE bench ADD REGION "us-west1"')"#,
@@ -366,7 +338,7 @@ async fn main() {
         exec(&mut b, sql).await;
     }
     let holder = leaseholder(&nodes[0], "kv").await as usize - 1;
-    let mut lh = connect(&nodes[holder], "bench").await;
+    let mut lh = connect_ok(&nodes[holder], "bench").await;
     // The baseline: the same node's PostgreSQL, a table whose rows nothing captures.
     exec(
         &mut lh,
@@ -400,7 +372,7 @@ async fn main() {
     // A database without regions: three voters, one per region (CockroachDB's default
     // spreads them), so the nearest quorum is one inter-region round trip away.
     exec(&mut c, "CREATE DATABASE bench_wide").await;
-    let mut w = connect(&nodes[0], "bench_wide").await;
+    let mut w = connect_ok(&nodes[0], "bench_wide").await;
     exec(
         &mut w,
         "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
@@ -420,7 +392,7 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let mut wl = connect(&nodes[wide_holder], "bench_wide").await;
+    let mut wl = connect_ok(&nodes[wide_holder], "bench_wide").await;
     exec(
         &mut wl,
         "INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g",
@@ -434,14 +406,14 @@ async fn main() {
     );
     // Forwarded: through a node that is not the leaseholder.
     let east_other = (0..3).find(|i| *i != holder).expect("three us-east1 nodes");
-    let mut eo = connect(&nodes[east_other], "bench").await;
+    let mut eo = connect_ok(&nodes[east_other], "bench").await;
     let fwd_east = p50_p99(latencies_simple(&mut eo, "UPDATE kv SET v = v + 1 WHERE k = {}").await);
     row(
         "UPDATE through another us-east1 node (forwarded, simple protocol)",
         fwd_east,
         "4 ms (to the leaseholder and back, plus its quorum)",
     );
-    let mut wf = connect(&nodes[3], "bench").await;
+    let mut wf = connect_ok(&nodes[3], "bench").await;
     let fwd_west = p50_p99(latencies_simple(&mut wf, "UPDATE kv SET v = v + 1 WHERE k = {}").await);
     row(
         "UPDATE through the us-west1 node (forwarded, simple protocol)",
@@ -462,7 +434,7 @@ async fn main() {
         lh_read,
         "2 ms (quorum heartbeat)",
     );
-    let mut west = connect(&nodes[3], "bench").await;
+    let mut west = connect_ok(&nodes[3], "bench").await;
     let west_read = p50_p99(latencies(&mut west, "SELECT v FROM kv WHERE k = $1").await);
     row(
         "point read on the us-west1 non-voter",
@@ -498,7 +470,7 @@ async fn main() {
     enable_replication(&nodes3[0]).await;
     let mut c = nodes3[0].sql().await;
     exec(&mut c, "CREATE DATABASE bench").await;
-    let mut b = connect(&nodes3[0], "bench").await;
+    let mut b = connect_ok(&nodes3[0], "bench").await;
     exec(
         &mut b,
         "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
@@ -509,7 +481,7 @@ async fn main() {
     for _ in 0..FAILOVERS {
         let holder = leaseholder(&nodes3[0], "kv").await as usize - 1;
         // The leaseholder takes a write, then dies.
-        let mut lh = connect(&nodes3[holder], "bench").await;
+        let mut lh = connect_ok(&nodes3[holder], "bench").await;
         key += 1;
         sqlx::query("INSERT INTO kv VALUES ($1, 0)")
             .bind(key)

@@ -120,17 +120,7 @@ async fn main() {
     let nodes = start_cluster(dir.path(), 41, WAN, &localities).await;
     // The first node of each region is that region's gateway.
     let gateway = |region: usize| &nodes[region * 3];
-    eventually("replication on", Duration::from_secs(60), || async {
-        let mut c = nodes[0].sql().await;
-        sqlx::query(
-            "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
-        )
-        .execute(&mut c)
-        .await
-        .ok()
-        .map(|_| ())
-    })
-    .await;
+    enable_replication(&nodes[0]).await;
     exec(&mut nodes[0].sql().await, "CREATE DATABASE bench").await;
     let mut b = connect_ok(&nodes[0], "bench").await;
     exec(

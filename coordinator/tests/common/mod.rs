@@ -345,3 +345,19 @@ pub fn code(e: &sqlx::Error) -> String {
         .map(|c| c.to_string())
         .unwrap_or_else(|| format!("client: {e}"))
 }
+
+/// Turns row replication on for the cluster, retrying while a new cluster's meta group
+/// settles.
+pub async fn enable_replication(node: &Node) {
+    eventually("replication on", Duration::from_secs(60), || async {
+        let mut c = node.sql().await;
+        sqlx::query(
+            "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
+        )
+        .execute(&mut c)
+        .await
+        .ok()
+        .map(|_| ())
+    })
+    .await;
+}
