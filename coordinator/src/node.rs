@@ -1300,6 +1300,19 @@ impl Handler for Node {
                 Some(r) => Box::pin(async move { r.serve_checksum(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
             },
+            PeerRequest::RangeSeed {
+                from,
+                schema,
+                table,
+                partition,
+                schema_version,
+            } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move {
+                    r.serve_seed(from, &schema, &table, &partition, schema_version)
+                        .await
+                }),
+                None => Box::pin(async move { not_ready() }),
+            },
             PeerRequest::RangeReadIndex { range_id } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move { r.serve_read_index(range_id).await }),
                 None => Box::pin(async move { not_ready() }),

@@ -1995,6 +1995,23 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
         assert!(Instant::now() < deadline, "{e}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The check runs against the key table of the node the row moves to (europe-west1's),
+    // derived from its replicas of the other partitions: wait until it holds them (a new
+    // range's non-voters join through a snapshot, after the voters).
+    eventually(
+        "the europe-west1 node to hold every person",
+        Duration::from_secs(30),
+        || async {
+            let mut c = connect(&nodes[2], "mr").await?;
+            exec(&mut c, "SET session_replication_role = replica").await;
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM people")
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            (n == 2).then_some(())
+        },
+    )
+    .await;
     let err =
         sqlx::raw_sql("UPDATE people SET crdb_region = 'europe-west1', email = 'c' WHERE id = 1")
             .execute(&mut west)

@@ -855,7 +855,10 @@ extension_sql!(
 -- the same transaction as their rows, and of every entry the applier applied).
 CREATE TABLE multiregion.range_state (
     range_id bigint PRIMARY KEY,
-    applied_index bigint NOT NULL
+    applied_index bigint NOT NULL,
+    -- Entries after applied_index whose rows the installed snapshot already holds: the
+    -- applier passes over them (docs/ARCHITECTURE.md §8.2, snapshots).
+    skip bigint[] NOT NULL DEFAULT '{}'
 );
 CREATE TABLE multiregion.range_txns (
     txn_id text PRIMARY KEY,
@@ -997,9 +1000,20 @@ RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_new boolean;
     v_change jsonb;
+    v_at bigint;
+    v_skip bigint[];
 BEGIN
-    IF EXISTS (SELECT FROM multiregion.range_state
-                WHERE range_id = p_range AND applied_index >= p_index) THEN
+    -- The cursor row is locked first: a snapshot being installed moves it too.
+    SELECT applied_index, skip INTO v_at, v_skip FROM multiregion.range_state
+     WHERE range_id = p_range FOR UPDATE;
+    IF v_at >= p_index THEN
+        RETURN false;
+    END IF;
+    IF p_index = ANY (v_skip) THEN
+        -- The installed snapshot already holds this entry's rows.
+        UPDATE multiregion.range_state SET applied_index = p_index,
+               skip = pg_catalog.array_remove(skip, p_index)
+         WHERE range_id = p_range;
         RETURN false;
     END IF;
     IF multiregion.schema_version() < p_schema_version THEN
@@ -1021,9 +1035,105 @@ BEGIN
             DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
         END IF;
     END IF;
-    INSERT INTO multiregion.range_state VALUES (p_range, p_index)
+    INSERT INTO multiregion.range_state (range_id, applied_index) VALUES (p_range, p_index)
         ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index;
     RETURN v_new;
+END
+$fn$;
+
+-- The relation holding a range's rows: a REGIONAL BY ROW partition's leaf, else the table.
+CREATE FUNCTION multiregion.range_relation(p_schema text, p_table text, p_partition text)
+RETURNS regclass LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
+    v_leaf regclass;
+BEGIN
+    IF p_partition IS NOT NULL AND EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
+        SELECT c.oid::regclass INTO v_leaf
+          FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = v_rel
+           AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (%L)', p_partition);
+        IF v_leaf IS NULL THEN
+            RAISE EXCEPTION 'table %.% has no partition for region %', p_schema, p_table, p_partition
+                USING ERRCODE = '55000';
+        END IF;
+        RETURN v_leaf;
+    END IF;
+    RETURN v_rel;
+END
+$fn$;
+
+-- Installing a snapshot of a range (pgmr, one transaction): begin_range_install replaces this
+-- replica's rows of the range by nothing and sets the cursor to the snapshot's index (false,
+-- changing nothing, when the replica is already past it; a new range's seed is index 0); install_range_rows adds the
+-- snapshot's rows in batches; finish_range_install moves owned sequences past them. Rows are
+-- written as the applier writes them (session_replication_role = replica: user triggers and
+-- foreign keys ran where the rows were written; global-key triggers run ALWAYS).
+CREATE FUNCTION multiregion.begin_range_install(p_range bigint, p_schema text, p_table text,
+    p_partition text, p_index bigint, p_schema_version bigint, p_skip bigint[])
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass;
+    v_at bigint;
+BEGIN
+    IF multiregion.schema_version() < p_schema_version THEN
+        RAISE EXCEPTION 'the snapshot of range % needs schema version %; this node has %',
+            p_range, p_schema_version, multiregion.schema_version()
+            USING ERRCODE = '55000';
+    END IF;
+    v_rel := multiregion.range_relation(p_schema, p_table, p_partition);
+    INSERT INTO multiregion.range_state (range_id, applied_index) VALUES (p_range, -1)
+        ON CONFLICT (range_id) DO NOTHING;
+    SELECT applied_index INTO v_at FROM multiregion.range_state WHERE range_id = p_range FOR UPDATE;
+    IF v_at > p_index THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    EXECUTE format('DELETE FROM %s', v_rel);
+    UPDATE multiregion.range_state SET applied_index = p_index, skip = coalesce(p_skip, '{}')
+     WHERE range_id = p_range;
+    RETURN true;
+END
+$fn$;
+
+CREATE FUNCTION multiregion.install_range_rows(p_schema text, p_table text, p_partition text, p_rows jsonb)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := multiregion.range_relation(p_schema, p_table, p_partition);
+    v_cols text;
+BEGIN
+    SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
+      FROM pg_catalog.pg_attribute
+     WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+    EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                   v_rel, v_cols, v_cols, v_rel) USING p_rows;
+END
+$fn$;
+
+CREATE FUNCTION multiregion.finish_range_install(p_schema text, p_table text, p_partition text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := multiregion.range_relation(p_schema, p_table, p_partition);
+    v_seq regclass;
+    v_col name;
+    v_max bigint;
+BEGIN
+    FOR v_seq, v_col IN
+        SELECT d.objid::regclass, a.attname
+          FROM pg_catalog.pg_depend d
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+          JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass
+           AND d.refclassid = 'pg_catalog.pg_class'::regclass
+           AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
+           AND d.deptype IN ('a', 'i')
+    LOOP
+        EXECUTE format('SELECT max(%I)::bigint FROM %s', v_col, v_rel) INTO v_max;
+        IF v_max > coalesce(pg_catalog.pg_sequence_last_value(v_seq), 0) THEN
+            PERFORM pg_catalog.setval(v_seq, v_max);
+        END IF;
+    END LOOP;
+    PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
 END
 $fn$;
 
@@ -1033,14 +1143,8 @@ CREATE FUNCTION multiregion.range_checksum(p_range bigint, p_schema text, p_tabl
     OUT applied_index bigint, OUT row_count bigint, OUT checksum text)
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
+    v_rel regclass := multiregion.range_relation(p_schema, p_table, p_partition);
 BEGIN
-    IF p_partition IS NOT NULL AND EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
-        SELECT c.oid::regclass INTO v_rel
-          FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = v_rel
-           AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (%L)', p_partition);
-    END IF;
     EXECUTE format('SELECT coalesce((SELECT s.applied_index FROM multiregion.range_state s WHERE s.range_id = $1), 0), '
                    'count(*), md5(coalesce(string_agg(t::text, %L ORDER BY t::text), %L)) FROM %s t',
                    E'\n', '', v_rel)
@@ -1052,14 +1156,20 @@ $fn$;
 -- change).
 CREATE FUNCTION multiregion.advance_range(p_range bigint, p_index bigint)
 RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
-    INSERT INTO multiregion.range_state VALUES (p_range, p_index)
-        ON CONFLICT (range_id) DO UPDATE SET applied_index = greatest(multiregion.range_state.applied_index, excluded.applied_index);
+    INSERT INTO multiregion.range_state (range_id, applied_index) VALUES (p_range, p_index)
+        ON CONFLICT (range_id) DO UPDATE
+        SET applied_index = greatest(multiregion.range_state.applied_index, excluded.applied_index),
+            skip = pg_catalog.array_remove(multiregion.range_state.skip, excluded.applied_index);
 $fn$;
 REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
     multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint, boolean),
     multiregion.advance_range(bigint, bigint),
-    multiregion.range_checksum(bigint, text, text, text) FROM PUBLIC;
+    multiregion.range_checksum(bigint, text, text, text),
+    multiregion.range_relation(text, text, text),
+    multiregion.begin_range_install(bigint, text, text, text, bigint, bigint, bigint[]),
+    multiregion.install_range_rows(text, text, text, jsonb),
+    multiregion.finish_range_install(text, text, text) FROM PUBLIC;
 "#,
     name = "replication",
     requires = [capture, "catalog"]

@@ -5,7 +5,8 @@
 //! [`mr_zoneconfig::allocate::allocate`] on the nodes that may hold replicas, and proposes
 //! what differs: a missing range is created, a range whose replicas should change gets a new
 //! generation (compare-and-set, so a racing leader cannot undo it), a range whose table or
-//! partition is gone is dropped. Region, survival, placement and locality changes, nodes
+//! partition is gone is dropped — once no new range still has to seed itself from its rows
+//! (a table split into REGIONAL BY ROW partitions: [`mr_meta::RangeDescriptor::seed`]). Region, survival, placement and locality changes, nodes
 //! joining, dying or leaving all reach the descriptors this way; nothing else writes them.
 
 use super::Meta;
@@ -24,6 +25,7 @@ pub enum RangeChange {
         table: TableRef,
         partition: Option<String>,
         replicas: Vec<mr_meta::Replica>,
+        seed: Option<u64>,
     },
     Replace {
         range: RangeDescriptor,
@@ -67,11 +69,21 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
                     continue; // no node can hold it yet
                 }
                 match existing {
-                    None => changes.push(RangeChange::Create {
-                        table: table.clone(),
-                        partition,
-                        replicas: a.replicas,
-                    }),
+                    None => {
+                        // A partition of a table that was one range starts from its rows.
+                        let seed = partition.as_ref().and_then(|_| {
+                            state
+                                .ranges()
+                                .find(|r| &r.table == table && r.partition.is_none())
+                                .map(|r| r.range_id)
+                        });
+                        changes.push(RangeChange::Create {
+                            table: table.clone(),
+                            partition,
+                            replicas: a.replicas,
+                            seed,
+                        })
+                    }
                     Some(r) if !same_replicas(&r.replicas, &a.replicas) => {
                         let mut next = r.clone();
                         next.replicas = a.replicas;
@@ -82,8 +94,24 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
             }
         }
     }
+    // A range still to seed another (created now, or not bootstrapped yet) keeps its
+    // replicas and leaseholder until then.
+    let seeds: BTreeSet<u64> = changes
+        .iter()
+        .filter_map(|c| match c {
+            RangeChange::Create { seed, .. } => *seed,
+            _ => None,
+        })
+        .chain(
+            state
+                .ranges()
+                .filter(|q| q.bootstrapped_by.is_none())
+                .filter_map(|q| q.seed),
+        )
+        .collect();
     for r in state.ranges() {
-        if !wanted.contains(&(r.table.clone(), r.partition.clone())) {
+        let seeding = seeds.contains(&r.range_id);
+        if !seeding && !wanted.contains(&(r.table.clone(), r.partition.clone())) {
             changes.push(RangeChange::Drop {
                 range_id: r.range_id,
             });
@@ -107,10 +135,12 @@ impl Meta {
                     table,
                     partition,
                     replicas,
+                    seed,
                 } => Command::CreateRange {
                     table,
                     partition,
                     replicas,
+                    seed,
                 },
                 RangeChange::Replace { range } => Command::PutRange {
                     expected_generation: Some(range.generation),

@@ -138,6 +138,16 @@ async fn step(
     let to = target.min(at + BATCH);
     let entries = store::read_entries(db, g.range_id, at + 1, to)
         .map_err(|e| format!("reading the log: {e}"))?;
+    if entries.first().map(|e| e.log_id.index) != Some(at + 1) {
+        // The log no longer starts after the cursor: a snapshot was installed (and the log
+        // purged up to it) since the cursor was read. Read it again.
+        *cursor = None;
+        return Err(format!(
+            "range {}: entry {} is not in the log; reloading the cursor",
+            g.range_id,
+            at + 1
+        ));
+    }
     for e in entries {
         let index = e.log_id.index;
         let result = match &e.payload {

@@ -28,6 +28,7 @@
 pub mod apply;
 mod check;
 mod forward;
+mod snapshot;
 pub mod store;
 mod twophase;
 pub mod types;
@@ -113,6 +114,29 @@ const PROMOTE_WITHIN: u64 = 100;
 const ELECT_EVERY: Duration = Duration::from_secs(5);
 /// How often the manager reconciles groups with the descriptors.
 const MANAGE_EVERY: Duration = Duration::from_millis(250);
+/// A replica builds a snapshot (and purges its log up to it, less [`LOGS_KEPT`] entries, which
+/// a lagging replica can still catch up from) once this many entries were committed since its
+/// last one.
+const SNAPSHOT_EVERY: u64 = 5000;
+const LOGS_KEPT: u64 = 1000;
+
+/// [`SNAPSHOT_EVERY`] and [`LOGS_KEPT`], unless the testing knob `PGMR_RANGE_SNAPSHOT_EVERY=N`
+/// asks for a snapshot every N entries, keeping N (the cluster tests' way to exercise
+/// snapshots without writing thousands of rows).
+fn snapshot_every() -> (u64, u64) {
+    match std::env::var("PGMR_RANGE_SNAPSHOT_EVERY")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|n| *n > 0)
+    {
+        Some(n) => (n, n),
+        None => (SNAPSHOT_EVERY, LOGS_KEPT),
+    }
+}
+/// Snapshots travel in chunks of this size (one peer message each, JSON-encoded).
+const SNAPSHOT_CHUNK: u64 = 1 << 20;
+/// How long the leader waits for a chunk's answer; the last one's includes installing it.
+const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 60_000;
 /// Not serving: the fence has not been passed since the last reset.
 const NOT_SERVING: u64 = u64::MAX;
 
@@ -135,6 +159,9 @@ pub struct Group {
     /// does, a fence hides nothing, so transactions that began before it may write.
     data_seen: std::sync::atomic::AtomicBool,
     last_elect: Mutex<Option<Instant>>,
+    /// A new range's seed ([`mr_meta::RangeDescriptor::seed`]): being fetched, installed.
+    seeding: std::sync::atomic::AtomicBool,
+    seeded: std::sync::atomic::AtomicBool,
     stop: CancellationToken,
 }
 
@@ -210,6 +237,8 @@ pub struct Ranges {
     transport: Transport,
     meta: Arc<Meta>,
     db: Arc<Database>,
+    /// The data directory (snapshots live under it).
+    dir: std::path::PathBuf,
     groups: Mutex<BTreeMap<u64, Arc<Group>>>,
     pg_cfg: PgConfig,
     pg: Arc<PgState>,
@@ -296,6 +325,7 @@ impl Ranges {
             transport,
             meta,
             db: store::open_db(dir)?,
+            dir: dir.to_path_buf(),
             groups: Mutex::new(BTreeMap::new()),
             pg_cfg,
             pg,
@@ -381,7 +411,7 @@ impl Ranges {
             );
             g.stop.cancel();
             let _ = g.raft.shutdown().await;
-            store::remove_range(&self.db, g.range_id)?;
+            store::remove_range(&self.db, &self.dir, g.range_id)?;
             apply::forget(&self.pg_cfg, &self.pg, &g.table.database, g.range_id).await;
         }
         for d in &mine {
@@ -402,7 +432,10 @@ impl Ranges {
             heartbeat_interval: HEARTBEAT_MS,
             election_timeout_min: ELECTION_TIMEOUT_MS.0,
             election_timeout_max: ELECTION_TIMEOUT_MS.1,
-            snapshot_policy: SnapshotPolicy::Never,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_every().0),
+            max_in_snapshot_log_to_keep: snapshot_every().1,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK,
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
             ..Config::default()
         }
         .validate()?;
@@ -410,7 +443,21 @@ impl Ranges {
             db: self.db.clone(),
             range: d.range_id,
         };
-        let sm = store::StateMachine::open(self.db.clone(), d.range_id)?;
+        let stop = CancellationToken::new();
+        let source = snapshot::Source {
+            me: self.me,
+            pg_cfg: self.pg_cfg.clone(),
+            pg: self.pg.clone(),
+            table: d.table.clone(),
+            partition: d.partition.clone(),
+        };
+        let sm = store::StateMachine::open(
+            self.db.clone(),
+            d.range_id,
+            source,
+            &self.dir,
+            stop.clone(),
+        )?;
         let committed = sm.committed.subscribe();
         let net = Network::new(self.transport.clone(), d.range_id);
         let raft = RangeRaft::new(self.me, Arc::new(config), net, log, sm).await?;
@@ -426,7 +473,9 @@ impl Ranges {
             data_seen: std::sync::atomic::AtomicBool::new(false),
             fenced_term: AtomicU64::new(0),
             last_elect: Mutex::new(None),
-            stop: CancellationToken::new(),
+            seeding: std::sync::atomic::AtomicBool::new(false),
+            seeded: std::sync::atomic::AtomicBool::new(false),
+            stop,
         });
         self.groups
             .lock()
@@ -445,7 +494,7 @@ impl Ranges {
 
     /// One pass over one group: bootstrap, membership, lease record, lease preference.
     async fn upkeep(
-        &self,
+        self: &Arc<Self>,
         g: &Group,
         d: &RangeDescriptor,
         nodes: &BTreeMap<u64, MetaNode>,
@@ -469,10 +518,33 @@ impl Ranges {
             .map(|r| r.node_id);
 
         // Bootstrap: exactly one node ever initializes a range's group, the one the meta
-        // group recorded (compare-and-set), with the voters of that moment.
+        // group recorded (compare-and-set), as its only voter: its rows are the range's
+        // first state. It snapshots them and purges its log before it adds anyone, so every
+        // other replica starts by installing that snapshot, never from its own copy.
         if !g.raft.is_initialized().await? {
             match d.bootstrapped_by {
                 None if preferred == Some(self.me) => {
+                    // A partition split from a table's range starts from that range's rows
+                    // as its leaseholder holds them, not from this node's copy.
+                    if d.seed.is_some() && !g.seeded.load(Ordering::SeqCst) {
+                        if !g.seeding.swap(true, Ordering::SeqCst) {
+                            let (ranges, d, g2) = (self.clone(), d.clone(), self.group(d.range_id));
+                            tokio::spawn(async move {
+                                let Some(g) = g2 else { return };
+                                match ranges.seed(&d).await {
+                                    Ok(rows) => {
+                                        tracing::info!(range_id = d.range_id, from = ?d.seed, rows, "seeded the new range with its rows");
+                                        g.seeded.store(true, Ordering::SeqCst);
+                                    }
+                                    Err(e) => {
+                                        tracing::warn!(range_id = d.range_id, from = ?d.seed, "seeding the new range: {e}; retrying")
+                                    }
+                                }
+                                g.seeding.store(false, Ordering::SeqCst);
+                            });
+                        }
+                        return Ok(());
+                    }
                     self.meta
                         .propose(
                             Command::BootstrapRange {
@@ -484,12 +556,13 @@ impl Ranges {
                         .await?;
                 }
                 Some(by) if by == self.me => {
-                    let members: BTreeMap<u64, MetaNode> = voters
-                        .iter()
-                        .filter_map(|id| Some((*id, nodes.get(id)?.clone())))
-                        .collect();
-                    tracing::info!(range_id = d.range_id, voters = ?voters, "initializing the range's Raft group");
-                    g.raft.initialize(members).await?;
+                    let node = nodes.get(&self.me).ok_or_else(|| {
+                        anyhow::anyhow!("node {} is not in the meta state", self.me)
+                    })?;
+                    tracing::info!(range_id = d.range_id, voters = ?voters, "initializing the range's Raft group, this node its first voter");
+                    g.raft
+                        .initialize(BTreeMap::from([(self.me, node.clone())]))
+                        .await?;
                 }
                 _ => {}
             }
@@ -542,24 +615,36 @@ impl Ranges {
                 .await?;
         }
         let m = g.raft.metrics().borrow().clone();
+        // No replica joins before the log is purged up to a snapshot (see the bootstrap).
+        if m.purged.is_none() {
+            match m.snapshot {
+                None => g.raft.trigger().snapshot().await?,
+                Some(s) => g.raft.trigger().purge_log(s.index).await?,
+            }
+            return Ok(());
+        }
         let membership = m.membership_config.membership().clone();
         if membership.get_joint_config().len() > 1 {
             return Ok(());
         }
         let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
         let current_voters: BTreeSet<u64> = membership.voter_ids().collect();
-        if let Some(id) = voters
+        let missing: Vec<u64> = voters
             .iter()
             .chain(&learners)
-            .find(|id| !members.contains(id))
-        {
-            if let Some(node) = nodes.get(id) {
-                tracing::info!(
-                    range_id = d.range_id,
-                    node_id = id,
-                    "adding a replica as a learner"
-                );
-                g.raft.add_learner(*id, node.clone(), false).await?;
+            .filter(|id| !members.contains(id))
+            .copied()
+            .collect();
+        if !missing.is_empty() {
+            for id in missing {
+                if let Some(node) = nodes.get(&id) {
+                    tracing::info!(
+                        range_id = d.range_id,
+                        node_id = id,
+                        "adding a replica as a learner"
+                    );
+                    g.raft.add_learner(id, node.clone(), false).await?;
+                }
             }
             return Ok(());
         }
@@ -741,6 +826,35 @@ impl Ranges {
                 return Err(moved(None));
             }
             return Err(not_here("this node is no longer the leaseholder", None));
+        }
+        // A new range serves once it has its voters (it starts with its bootstrapper alone,
+        // which is no quorum of the voters the descriptor names).
+        let wanted = self.meta.read(|s| {
+            s.range(range_id).map_or(0, |r| {
+                r.replicas
+                    .iter()
+                    .filter(|x| x.kind == ReplicaKind::Voter)
+                    .count()
+            })
+        });
+        loop {
+            let voters = g
+                .raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .count();
+            if voters >= wanted {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(WriteError::Retryable(format!(
+                    "range {range_id} is still adding its voters ({voters} of {wanted})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // A new leader serves once its applier passes the fence: usually within milliseconds.
         let mut since = g.serving_since.load(Ordering::SeqCst);

@@ -5,10 +5,10 @@
 //! The state machine of a range is its rows in PostgreSQL, written by the range's applier
 //! ([`super::apply`]) in log order from this log. openraft's "applied" here means committed
 //! and handed to that applier: the applier keeps its own durable cursor in PostgreSQL, in the
-//! same transaction as the rows, and re-reads entries from this log after a crash. Logs are
-//! therefore never purged in this release (no snapshots yet: a new replica replays the log from
-//! its first entry), which bounds a range's lifetime by its log size; snapshots from
-//! PostgreSQL (COPY of the range's rows at an applied index) are the next step.
+//! same transaction as the rows, and re-reads entries from this log after a crash. A snapshot
+//! ([`super::snapshot`]) is built from PostgreSQL at the applier's cursor, kept as a file
+//! (`DATA_DIR/range-snapshots/<range>.snap`, its meta in redb), sent to replicas that need
+//! entries the log no longer has, and lets openraft purge the log up to it.
 
 #![allow(clippy::result_large_err)]
 
@@ -24,9 +24,11 @@ use serde::Serialize;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The state machine's applied log id and membership, as stored.
 type AppliedState = (Option<LogId<u64>>, StoredMembership<u64, RangeNode>);
@@ -40,6 +42,13 @@ const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const APPLIED: &str = "applied";
+const PURGED: &str = "purged";
+/// Whether a purge removed entries with rows, or a snapshot with rows was installed: the log
+/// alone no longer tells whether this replica has seen rows.
+const PURGED_DATA: &str = "purged_data";
+const SNAPSHOT: &str = "snapshot";
+/// A snapshot is rebuilt only once the applier is this many entries past the last one.
+const REBUILD_AFTER: u64 = 64;
 
 type SErr = StorageError<u64>;
 
@@ -134,8 +143,12 @@ pub fn learn_decision(db: &Database, gid: &str, commit: bool) -> Result<bool, re
     })
 }
 
-/// Whether `range`'s log holds a transaction's rows at or below `to` (stops at the first).
+/// Whether `range`'s log holds a transaction's rows at or below `to` (stops at the first), or
+/// held them before a purge.
 pub fn has_data_entries(db: &Database, range: u64, to: u64) -> Result<bool, redb::Error> {
+    if get::<bool>(db, range, PURGED_DATA)?.unwrap_or(false) {
+        return Ok(true);
+    }
     let tx = db.begin_read()?;
     let t = tx.open_table(LOG)?;
     for kv in t.range((range, 0)..=(range, to))? {
@@ -148,8 +161,14 @@ pub fn has_data_entries(db: &Database, range: u64, to: u64) -> Result<bool, redb
     Ok(false)
 }
 
+/// Where `range`'s latest snapshot is kept.
+pub fn snapshot_path(dir: &Path, range: u64) -> PathBuf {
+    dir.join("range-snapshots").join(format!("{range}.snap"))
+}
+
 /// Forgets everything stored for `range` (this node no longer holds a replica of it).
-pub fn remove_range(db: &Database, range: u64) -> Result<(), redb::Error> {
+pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::Error> {
+    let _ = std::fs::remove_file(snapshot_path(dir, range));
     crate::blocking::run(|| {
         let tx = db.begin_write()?;
         tx.open_table(LOG)?
@@ -215,9 +234,12 @@ impl RaftLogStorage<RangeConfig> for LogStore {
                 }
                 None => None,
             };
+            drop(t);
+            drop(tx);
+            let purged: Option<LogId<u64>> = get(&self.db, self.range, PURGED)?;
             Ok(LogState {
-                last_purged_log_id: None,
-                last_log_id: last,
+                last_purged_log_id: purged,
+                last_log_id: last.or(purged),
             })
         };
         read().map_err(|e| io(e, StorageIOError::read_logs))
@@ -285,9 +307,35 @@ impl RaftLogStorage<RangeConfig> for LogStore {
         crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
     }
 
-    /// Never called: no snapshots are built, so openraft has nothing to purge up to.
-    async fn purge(&mut self, _log_id: LogId<u64>) -> Result<(), SErr> {
-        Ok(())
+    /// Removes entries up to `log_id` (which may lie past the last entry, after a snapshot was
+    /// installed), remembering whether any held rows.
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
+        let write = || -> Result<(), redb::Error> {
+            let tx = self.db.begin_write()?;
+            let mut data = false;
+            {
+                let mut t = tx.open_table(LOG)?;
+                t.retain_in((self.range, 0)..=(self.range, log_id.index), |_, v| {
+                    if !data {
+                        let e: Entry<RangeConfig> =
+                            serde_json::from_slice(v).expect("log entries decode");
+                        data = matches!(e.payload, EntryPayload::Normal(_));
+                    }
+                    false
+                })?;
+            }
+            {
+                let mut m = tx.open_table(META)?;
+                let bytes = serde_json::to_vec(&log_id).expect("log ids serialize");
+                m.insert((self.range, PURGED), bytes.as_slice())?;
+                if data {
+                    m.insert((self.range, PURGED_DATA), b"true".as_slice())?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        };
+        crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
     }
 }
 
@@ -299,34 +347,178 @@ pub struct Applied {
 
 /// The range's state machine as openraft sees it: it records how far the log is committed
 /// and wakes the range's applier, which writes the rows.
+#[derive(Clone)]
 pub struct StateMachine {
     pub db: Arc<Database>,
     pub range: u64,
     pub applied: Arc<Mutex<Applied>>,
     /// The highest committed index, for the applier and for commit waits.
     pub committed: Arc<watch::Sender<u64>>,
+    /// This node's rows of the range, for snapshots.
+    source: Arc<super::snapshot::Source>,
+    /// Where snapshots are kept.
+    dir: PathBuf,
+    /// Cancelled when the group stops: snapshot work, which retries, gives up then.
+    stop: CancellationToken,
 }
 
+/// Snapshot work retries (PostgreSQL restarting, a schema change not applied here yet) at
+/// this pace until it succeeds or the group stops: openraft treats a storage error as fatal.
+const SNAPSHOT_RETRY: Duration = Duration::from_millis(500);
+
 impl StateMachine {
-    pub fn open(db: Arc<Database>, range: u64) -> anyhow::Result<StateMachine> {
+    pub fn open(
+        db: Arc<Database>,
+        range: u64,
+        source: super::snapshot::Source,
+        dir: &Path,
+        stop: CancellationToken,
+    ) -> anyhow::Result<StateMachine> {
         let stored: Option<AppliedState> = get(&db, range, APPLIED)?;
         let (last, membership) = stored.unwrap_or_default();
         let (committed, _) = watch::channel(last.map_or(0, |l| l.index));
+        std::fs::create_dir_all(dir.join("range-snapshots"))?;
         Ok(StateMachine {
             db,
             range,
             applied: Arc::new(Mutex::new(Applied { last, membership })),
             committed: Arc::new(committed),
+            source: Arc::new(source),
+            dir: dir.to_path_buf(),
+            stop,
+        })
+    }
+
+    fn snapshot_error(&self, why: String) -> SErr {
+        io(redb::Error::Io(std::io::Error::other(why)), |e| {
+            StorageIOError::write_snapshot(None, e)
+        })
+    }
+
+    /// The latest snapshot built or installed here.
+    fn current(&self) -> Result<Option<Snapshot<RangeConfig>>, SErr> {
+        let meta: Option<SnapshotMeta<u64, RangeNode>> = get(&self.db, self.range, SNAPSHOT)
+            .map_err(|e| io(e, |e| StorageIOError::read_snapshot(None, e)))?;
+        let Some(meta) = meta else {
+            return Ok(None);
+        };
+        let data = std::fs::read(snapshot_path(&self.dir, self.range))
+            .map_err(|e| SErr::from(StorageIOError::read_snapshot(Some(meta.signature()), &e)))?;
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+
+    /// Keeps `data` as the latest snapshot (the file first, then its meta).
+    fn keep(&self, meta: &SnapshotMeta<u64, RangeNode>, data: &[u8]) -> Result<(), SErr> {
+        let path = snapshot_path(&self.dir, self.range);
+        let tmp = path.with_extension("tmp");
+        let w = || -> std::io::Result<()> {
+            std::fs::write(&tmp, data)?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        crate::blocking::run(w)
+            .map_err(|e| SErr::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
+        put(&self.db, self.range, SNAPSHOT, meta, true).map_err(|e| {
+            io(e, |e| {
+                StorageIOError::write_snapshot(Some(meta.signature()), e)
+            })
+        })
+    }
+
+    /// The log id of entry `index` and the membership in force at it, from the log, the
+    /// purge mark or the latest snapshot.
+    fn at(
+        &self,
+        index: u64,
+        current: Option<&SnapshotMeta<u64, RangeNode>>,
+    ) -> Result<(LogId<u64>, StoredMembership<u64, RangeNode>), String> {
+        let e = |e: redb::Error| format!("reading range {}'s log: {e}", self.range);
+        let entries = read_entries(&self.db, self.range, 0, index).map_err(e)?;
+        let purged: Option<LogId<u64>> = get(&self.db, self.range, PURGED).map_err(e)?;
+        let log_id = entries
+            .last()
+            .filter(|en| en.log_id.index == index)
+            .map(|en| en.log_id)
+            .or(purged.filter(|p| p.index == index))
+            .or(current
+                .and_then(|c| c.last_log_id)
+                .filter(|l| l.index == index))
+            .ok_or_else(|| format!("range {}: entry {index} is not in the log", self.range))?;
+        let membership = entries
+            .iter()
+            .rev()
+            .find_map(|en| match &en.payload {
+                EntryPayload::Membership(m) => {
+                    Some(StoredMembership::new(Some(en.log_id), m.clone()))
+                }
+                _ => None,
+            })
+            .or_else(|| current.map(|c| c.last_membership.clone()))
+            .or_else(|| {
+                let a = self.applied.lock().expect("applied lock");
+                let m = a.membership.clone();
+                (m.log_id().is_none_or(|l| l.index <= index)).then_some(m)
+            })
+            .ok_or_else(|| format!("range {}: no membership at entry {index}", self.range))?;
+        Ok((log_id, membership))
+    }
+
+    async fn build(&self) -> Result<Snapshot<RangeConfig>, String> {
+        let current = self.current().map_err(|e| e.to_string())?;
+        let cursor = self.source.cursor(self.range).await?;
+        if let Some(c) = current.as_ref() {
+            let at = c.meta.last_log_id.map_or(0, |l| l.index);
+            if cursor < at + REBUILD_AFTER {
+                return Ok(current.expect("checked above"));
+            }
+        }
+        let (header, data) = self.source.build(&self.db, self.range).await?;
+        let (last_log_id, last_membership) =
+            self.at(header.index, current.as_ref().map(|c| &c.meta))?;
+        let meta = SnapshotMeta {
+            last_log_id: Some(last_log_id),
+            last_membership,
+            snapshot_id: format!(
+                "{}-{}-{}-{}",
+                self.range,
+                last_log_id.leader_id.term,
+                header.index,
+                crate::node::now_ms()
+            ),
+        };
+        self.keep(&meta, &data).map_err(|e| e.to_string())?;
+        tracing::info!(
+            range_id = self.range,
+            index = header.index,
+            rows = header.rows,
+            skipped = header.skip.len(),
+            bytes = data.len(),
+            "built a range snapshot"
+        );
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         })
     }
 }
 
 impl RaftSnapshotBuilder<RangeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<RangeConfig>, SErr> {
-        Err(io(
-            redb::Error::Io(std::io::Error::other("range snapshots are not built yet")),
-            |e| StorageIOError::write_snapshot(None, e),
-        ))
+        loop {
+            match self.build().await {
+                Ok(s) => return Ok(s),
+                Err(e) => {
+                    tracing::debug!(range_id = self.range, "building a snapshot: {e}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(SNAPSHOT_RETRY) => {}
+                        _ = self.stop.cancelled() => return Err(self.snapshot_error(e)),
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -398,30 +590,67 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        StateMachine {
-            db: self.db.clone(),
-            range: self.range,
-            applied: self.applied.clone(),
-            committed: self.committed.clone(),
-        }
+        self.clone()
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, SErr> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
+    /// Replaces this replica's rows by the snapshot's (in PostgreSQL, with the applier's
+    /// cursor), then records it as applied and as the latest snapshot.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<u64, RangeNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), SErr> {
-        Err(SErr::from(StorageIOError::read_snapshot(
-            Some(meta.signature()),
-            &std::io::Error::other("range snapshots are not supported yet"),
-        )))
+        let data = snapshot.into_inner();
+        let (header, _) = super::snapshot::parse(&data).map_err(|e| {
+            SErr::from(StorageIOError::read_snapshot(
+                Some(meta.signature()),
+                &std::io::Error::other(e),
+            ))
+        })?;
+        loop {
+            match self.source.install(&data).await {
+                Ok(installed) => {
+                    tracing::info!(
+                        range_id = self.range,
+                        index = header.index,
+                        rows = header.rows,
+                        installed,
+                        "installed a range snapshot"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(range_id = self.range, "installing a snapshot: {e}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(SNAPSHOT_RETRY) => {}
+                        _ = self.stop.cancelled() => return Err(self.snapshot_error(e)),
+                    }
+                }
+            }
+        }
+        if header.rows > 0 || !header.skip.is_empty() {
+            put(&self.db, self.range, PURGED_DATA, &true, true)
+                .map_err(|e| io(e, StorageIOError::write))?;
+        }
+        let record = {
+            let mut a = self.applied.lock().expect("applied lock");
+            a.last = meta.last_log_id;
+            a.membership = meta.last_membership.clone();
+            (a.last, a.membership.clone())
+        };
+        put(&self.db, self.range, APPLIED, &record, true)
+            .map_err(|e| io(e, StorageIOError::write))?;
+        self.keep(meta, &data)?;
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        self.committed.send_modify(|c| *c = (*c).max(index));
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<RangeConfig>>, SErr> {
-        Ok(None)
+        self.current()
     }
 }

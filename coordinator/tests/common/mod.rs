@@ -135,6 +135,21 @@ pub fn start_node(
     join: Option<&str>,
     extra: &[&str],
 ) -> Node {
+    start_node_with_env(dir, name, locality, rpc_port, pg_port, join, extra, &[])
+}
+
+/// [`start_node`] with extra environment variables (testing knobs).
+#[allow(clippy::too_many_arguments)]
+pub fn start_node_with_env(
+    dir: &Path,
+    name: &str,
+    locality: &str,
+    rpc_port: u16,
+    pg_port: u16,
+    join: Option<&str>,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Node {
     let data_dir = dir.join(name);
     std::fs::create_dir_all(&data_dir).unwrap();
     let log = std::fs::File::create(data_dir.join("pgmr.log")).unwrap();
@@ -160,6 +175,7 @@ pub fn start_node(
     }
     let child = Command::new(PGMR)
         .args(&args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -212,6 +228,17 @@ pub async fn try_connect(port: u16) -> Option<PgConnection> {
 /// `matrix` (file text), one after another so that node N has the Nth locality, and returns
 /// once each serves SQL. Node 1 bootstraps; the others join it with its secret.
 pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&str]) -> Vec<Node> {
+    start_cluster_with_env(dir, block, matrix, localities, &[]).await
+}
+
+/// [`start_cluster`] with extra environment variables for every node (testing knobs).
+pub async fn start_cluster_with_env(
+    dir: &Path,
+    block: u16,
+    matrix: &str,
+    localities: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<Node> {
     let matrix_file = dir.join("matrix.txt");
     std::fs::write(&matrix_file, matrix).unwrap();
     let lat = matrix_file.to_str().unwrap();
@@ -221,12 +248,21 @@ pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&
         let i16 = i as u16;
         let name = format!("n{}", i + 1);
         let node = match nodes.first() {
-            None => start_node(dir, &name, locality, rpc, pg, None, &["--latency", lat]),
+            None => start_node_with_env(
+                dir,
+                &name,
+                locality,
+                rpc,
+                pg,
+                None,
+                &["--latency", lat],
+                env,
+            ),
             Some(first) => {
                 let secret = first.data_dir.join("cluster-secret");
                 let extra = ["--latency", lat, "--secret-file", secret.to_str().unwrap()];
                 let join = first.rpc.clone();
-                start_node(
+                start_node_with_env(
                     dir,
                     &name,
                     locality,
@@ -234,6 +270,7 @@ pub async fn start_cluster(dir: &Path, block: u16, matrix: &str, localities: &[&
                     pg + i16,
                     Some(&join),
                     &extra,
+                    env,
                 )
             }
         };

@@ -95,6 +95,11 @@ pub struct RangeDescriptor {
     /// by compare-and-set so that a range is never initialized twice.
     #[serde(default)]
     pub bootstrapped_by: Option<NodeId>,
+    /// The range whose rows this one starts from: the table's whole range when a table is
+    /// split into REGIONAL BY ROW partitions. Its bootstrapper installs the partition's rows
+    /// from that range's leaseholder first, and the old range is kept until it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<RangeId>,
 }
 
 /// The right to serve a range's reads and writes until `expiration_ms`.

@@ -53,6 +53,9 @@ pub enum Command {
         table: TableRef,
         partition: Option<String>,
         replicas: Vec<Replica>,
+        /// The range whose rows it starts from ([`RangeDescriptor::seed`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<RangeId>,
     },
     /// Names the node that initializes the range's Raft group, unless one is named already.
     BootstrapRange {
@@ -536,6 +539,7 @@ impl MetaState {
                 table,
                 partition,
                 replicas,
+                seed,
             } => {
                 if let Some(existing) = self
                     .ranges
@@ -560,6 +564,7 @@ impl MetaState {
                     replicas: replicas.clone(),
                     generation: 1,
                     bootstrapped_by: None,
+                    seed: seed.filter(|s| self.ranges.contains_key(s)),
                 };
                 self.next_range_id = id + 1;
                 self.ranges.insert(range.range_id, range.clone());
@@ -607,9 +612,10 @@ impl MetaState {
                 }
                 let mut next = range.clone();
                 next.generation = current.map_or(1, |g| g + 1);
-                // Who bootstrapped the group is not the proposer's to change.
+                // Who bootstrapped the group, and from what, is not the proposer's to change.
                 if let Some(stored) = self.ranges.get(&range.range_id) {
                     next.bootstrapped_by = stored.bootstrapped_by;
+                    next.seed = stored.seed;
                 }
                 self.ranges.insert(range.range_id, next);
                 Ok(Outcome::Done)

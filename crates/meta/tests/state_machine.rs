@@ -59,6 +59,7 @@ fn range(replicas: &[(u64, ReplicaKind)]) -> RangeDescriptor {
             .collect(),
         generation: 0,
         bootstrapped_by: None,
+        seed: None,
     }
 }
 
@@ -826,6 +827,7 @@ fn write_golden() {
             table: table(),
             partition: Some("us-west1".into()),
             replicas: vec![replica(2, Voter)],
+            seed: None,
         },
     );
     propose(
@@ -878,6 +880,7 @@ fn ranges_are_created_once_per_table_partition_and_dropped_with_their_lease() {
         table: table(),
         partition: Some(partition.into()),
         replicas: vec![replica(node, Voter)],
+        seed: None,
     };
     let first = propose(&mut s, 1, create("us-east1", 1));
     let Outcome::Range { range } = first else {
@@ -958,6 +961,7 @@ fn a_range_is_bootstrapped_by_one_node_only() {
             table: table(),
             partition: None,
             replicas: vec![replica(1, Voter), replica(2, Voter)],
+            seed: None,
         },
     ) else {
         panic!()
@@ -986,6 +990,61 @@ fn a_range_is_bootstrapped_by_one_node_only() {
     };
     assert_eq!(propose(&mut s, 5, put), Outcome::Done);
     assert_eq!(s.range(range.range_id).unwrap().bootstrapped_by, Some(2));
+}
+
+/// A partition split from a table's range names that range as its seed, and keeps it through
+/// descriptor updates; a seed that does not exist (dropped meanwhile) is not recorded.
+#[test]
+fn a_new_partition_range_remembers_the_range_it_is_seeded_from() {
+    use ReplicaKind::*;
+    let mut s = cluster();
+    let Outcome::Range { range: whole } = propose(
+        &mut s,
+        1,
+        Command::CreateRange {
+            table: table(),
+            partition: None,
+            replicas: vec![replica(1, Voter)],
+            seed: None,
+        },
+    ) else {
+        panic!()
+    };
+    let Outcome::Range { range: part } = propose(
+        &mut s,
+        2,
+        Command::CreateRange {
+            table: table(),
+            partition: Some("us-east1".into()),
+            replicas: vec![replica(2, Voter)],
+            seed: Some(whole.range_id),
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(part.seed, Some(whole.range_id));
+    let mut next = part.clone();
+    next.seed = None;
+    next.replicas.push(replica(3, NonVoter));
+    let put = Command::PutRange {
+        expected_generation: Some(next.generation),
+        range: next,
+    };
+    assert_eq!(propose(&mut s, 3, put), Outcome::Done);
+    assert_eq!(s.range(part.range_id).unwrap().seed, Some(whole.range_id));
+    let Outcome::Range { range: other } = propose(
+        &mut s,
+        4,
+        Command::CreateRange {
+            table: table(),
+            partition: Some("us-west1".into()),
+            replicas: vec![replica(2, Voter)],
+            seed: Some(999),
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(other.seed, None);
 }
 
 /// Format 5 (databases dropped cluster-wide) reads back from its golden file.
@@ -1029,6 +1088,7 @@ fn a_dropped_database_is_forgotten_and_starts_again_at_version_zero() {
             table: table(),
             partition: None,
             replicas: vec![replica(1, Voter)],
+            seed: None,
         },
     );
     assert_eq!(s.ranges().count(), 1);

@@ -78,6 +78,17 @@ pub enum PeerRequest {
     RangeChecksum { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
+    /// Asks the leaseholder of range `from` (a table's whole range) for the rows of its table
+    /// that belong to REGIONAL BY ROW partition `partition`, once it has applied every entry
+    /// of `from` and the database's schema version `schema_version` (the table's split):
+    /// [`PeerResponse::SeedRows`]. The bootstrapper of the partition's new range asks.
+    RangeSeed {
+        from: u64,
+        schema: String,
+        table: String,
+        partition: String,
+        schema_version: u64,
+    },
     /// Runs one step of a transaction forwarded by the calling node (its statements on rows
     /// this node leases): [`PeerResponse::Exec`].
     Exec(crate::local::ForwardRequest),
@@ -153,6 +164,10 @@ pub enum PeerResponse {
     /// What a forwarded step did: a `LocalResponse::Forwarded` or `LocalResponse::SqlError`.
     Exec {
         response: Box<crate::local::LocalResponse>,
+    },
+    /// Rows for a new range: one `to_jsonb` text per line.
+    SeedRows {
+        rows: String,
     },
     /// A two-phase commit's decision (`None`: not decided yet).
     TxnDecision {

@@ -1,0 +1,537 @@
+//! Range snapshots: one replica's rows of a range at an applied index, built from its
+//! PostgreSQL and installed into another's, so that a new replica starts from the range's rows
+//! rather than from its own (possibly stale or empty) copy, and so that logs can be purged.
+//!
+//! **Exact at the index.** The applier's cursor and the rows it applied move in one
+//! PostgreSQL transaction, so a REPEATABLE READ snapshot sees rows exactly at the cursor — except
+//! for rows this node's own transactions committed locally, whose entries may lie after it (a
+//! leaseholder commits locally once a quorum holds its entry, before its applier passes it).
+//! Those transactions' keys (`multiregion.range_txns`) are visible in the same snapshot exactly
+//! when their rows are, so the builder lists the entries after the cursor that this node
+//! proposed and whose keys it sees: the receiver records them as already applied (`skip`) and
+//! its applier passes over them. What it then applies after the index are the other entries,
+//! and none of them precedes, in the log, a transaction the snapshot holds that it conflicts
+//! with (conflicting transactions commit locally in log order, holding their row locks), so
+//! the receiver reaches the same rows as the log.
+//!
+//! Format: the header as one JSON line, then one line per row (`to_jsonb` of the row).
+
+use crate::postgres::{PgConfig, PgState};
+use futures::TryStreamExt;
+use mr_meta::TableRef;
+use redb::Database;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnection;
+use sqlx::{ConnectOptions, Connection, Row};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const APPLICATION_NAME: &str = "pgmr range snapshot";
+/// Rows per statement when installing.
+const INSTALL_BATCH: usize = 500;
+
+/// What a snapshot's first line says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub range_id: u64,
+    /// The applied index the rows are at.
+    pub index: u64,
+    /// The database's multi-region schema version the rows were read under.
+    pub schema_version: u64,
+    /// Entries after `index` whose rows the snapshot already holds.
+    pub skip: Vec<u64>,
+    pub rows: u64,
+}
+
+/// Where a range's rows live on this node.
+pub struct Source {
+    pub me: u64,
+    pub pg_cfg: PgConfig,
+    pub pg: Arc<PgState>,
+    pub table: TableRef,
+    pub partition: Option<String>,
+}
+
+/// Why a snapshot could not be built or installed (always worth retrying: PostgreSQL
+/// restarting, a schema change not applied here yet).
+pub type Error = String;
+
+impl Source {
+    async fn connect(&self) -> Result<PgConnection, Error> {
+        if self.pg.ready_pid().is_none() {
+            return Err("PostgreSQL is not ready".into());
+        }
+        // Replica mode, as the appliers: these reads and writes are this node's copy, never
+        // routed to a leaseholder (the range being seeded has none yet).
+        self.pg_cfg
+            .connect_options(&self.table.database)
+            .application_name(APPLICATION_NAME)
+            .options([("session_replication_role", "replica")])
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", self.table.database))
+    }
+
+    /// The applier's cursor for `range_id` (0 before it applied anything).
+    pub async fn cursor(&self, range_id: u64) -> Result<u64, Error> {
+        let mut c = self.connect().await?;
+        let r = sqlx::query_scalar::<_, i64>(
+            "SELECT coalesce((SELECT applied_index FROM multiregion.range_state WHERE range_id = $1), 0)",
+        )
+        .bind(range_id as i64)
+        .fetch_one(&mut c)
+        .await
+        .map_err(|e| e.to_string());
+        let _ = c.close().await;
+        Ok(r?.max(0) as u64)
+    }
+
+    /// This replica's rows of `range_id`, at its applier's cursor.
+    pub async fn build(&self, db: &Database, range_id: u64) -> Result<(Header, Vec<u8>), Error> {
+        let mut c = self.connect().await?;
+        let r = self.build_on(&mut c, db, range_id).await;
+        let _ = c.close().await;
+        r
+    }
+
+    async fn build_on(
+        &self,
+        c: &mut PgConnection,
+        db: &Database,
+        range_id: u64,
+    ) -> Result<(Header, Vec<u8>), Error> {
+        let e = |e: sqlx::Error| format!("building a snapshot of range {range_id}: {e}");
+        sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *c)
+            .await
+            .map_err(e)?;
+        // The first statement takes the snapshot; everything below reads in it.
+        let row = sqlx::query(
+            "SELECT coalesce((SELECT applied_index FROM multiregion.range_state WHERE range_id = $1), 0), \
+                    multiregion.schema_version(), \
+                    pg_catalog.to_regclass(pg_catalog.format('%I.%I', $2::text, $3::text)) IS NOT NULL",
+        )
+        .bind(range_id as i64)
+        .bind(&self.table.schema)
+        .bind(&self.table.table)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(e)?;
+        let index = row.get::<i64, _>(0).max(0) as u64;
+        let schema_version = row.get::<i64, _>(1) as u64;
+        let exists: bool = row.get(2);
+        // A new range's table not committed here yet (created by a transaction that is
+        // still writing its first rows, which wait for this range; or a schema change this
+        // node has not applied): it has no rows here, and its first rows come through the log.
+        let relation: Option<String> = if !exists && index <= 1 {
+            None
+        } else {
+            Some(
+                sqlx::query_scalar("SELECT multiregion.range_relation($1, $2, $3)::text")
+                    .bind(&self.table.schema)
+                    .bind(&self.table.table)
+                    .bind(&self.partition)
+                    .fetch_one(&mut *c)
+                    .await
+                    .map_err(e)?,
+            )
+        };
+        // Entries after the cursor that this node proposed: their rows are here exactly when
+        // their keys are (read after the snapshot was taken, so every local commit it shows
+        // has its entry in the log already).
+        let proposed: Vec<(u64, String)> =
+            super::store::read_entries(db, range_id, index + 1, u64::MAX)
+                .map_err(|e| format!("reading the log: {e}"))?
+                .into_iter()
+                .filter_map(|en| match en.payload {
+                    openraft::EntryPayload::Normal(w)
+                        if w.origin == self.me
+                            && !matches!(w.kind, super::TxnKind::Decide { .. }) =>
+                    {
+                        Some((en.log_id.index, w.txn_id))
+                    }
+                    _ => None,
+                })
+                .collect();
+        let mut skip = Vec::new();
+        if !proposed.is_empty() {
+            let ids: Vec<&str> = proposed.iter().map(|(_, t)| t.as_str()).collect();
+            let seen: BTreeSet<String> = sqlx::query_scalar(
+                "SELECT txn_id FROM multiregion.range_txns WHERE txn_id = ANY($1)",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *c)
+            .await
+            .map_err(e)?
+            .into_iter()
+            .collect();
+            skip = proposed
+                .into_iter()
+                .filter(|(_, t)| seen.contains(t))
+                .map(|(i, _)| i)
+                .collect();
+        }
+        // `relation` is a regclass's text: already quoted.
+        let mut body = Vec::new();
+        let mut rows = 0u64;
+        if let Some(relation) = relation {
+            let q = format!("SELECT to_jsonb(t)::text FROM {relation} t");
+            let mut s = sqlx::query_scalar::<_, String>(&q).fetch(&mut *c);
+            while let Some(line) = s.try_next().await.map_err(e)? {
+                body.extend_from_slice(line.as_bytes());
+                body.push(b'\n');
+                rows += 1;
+            }
+        }
+        sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
+        let header = Header {
+            range_id,
+            index,
+            schema_version,
+            skip,
+            rows,
+        };
+        let mut out = serde_json::to_vec(&header).expect("headers serialize");
+        out.push(b'\n');
+        out.extend_from_slice(&body);
+        Ok((header, out))
+    }
+
+    /// Replaces this replica's rows of the range by the snapshot's, and its cursor by the
+    /// snapshot's index, in one transaction. `false`: this replica is already past the
+    /// snapshot, and nothing changed.
+    pub async fn install(&self, data: &[u8]) -> Result<bool, Error> {
+        let (header, rows) = parse(data)?;
+        let mut c = self.connect().await?;
+        let r = self.install_on(&mut c, &header, rows).await;
+        if r.is_err() {
+            let _ = sqlx::query("ROLLBACK").execute(&mut c).await;
+        }
+        let _ = c.close().await;
+        r
+    }
+
+    async fn install_on(
+        &self,
+        c: &mut PgConnection,
+        h: &Header,
+        rows: &[u8],
+    ) -> Result<bool, Error> {
+        let range_id = h.range_id;
+        let e = |e: sqlx::Error| format!("installing a snapshot of range {range_id}: {e}");
+        sqlx::query("BEGIN").execute(&mut *c).await.map_err(e)?;
+        let skip: Vec<i64> = h.skip.iter().map(|i| *i as i64).collect();
+        let go: bool = sqlx::query_scalar(
+            "SELECT multiregion.begin_range_install($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(range_id as i64)
+        .bind(&self.table.schema)
+        .bind(&self.table.table)
+        .bind(&self.partition)
+        .bind(h.index as i64)
+        .bind(h.schema_version as i64)
+        .bind(&skip)
+        .fetch_one(&mut *c)
+        .await
+        .map_err(e)?;
+        if !go {
+            sqlx::query("ROLLBACK").execute(&mut *c).await.map_err(e)?;
+            return Ok(false);
+        }
+        let lines: Vec<&[u8]> = rows
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        for batch in lines.chunks(INSTALL_BATCH) {
+            let mut array =
+                Vec::with_capacity(batch.iter().map(|l| l.len() + 1).sum::<usize>() + 2);
+            array.push(b'[');
+            for (i, l) in batch.iter().enumerate() {
+                if i > 0 {
+                    array.push(b',');
+                }
+                array.extend_from_slice(l);
+            }
+            array.push(b']');
+            let text = std::str::from_utf8(&array)
+                .map_err(|_| format!("snapshot of range {range_id}: a row is not UTF-8"))?;
+            sqlx::query("SELECT multiregion.install_range_rows($1, $2, $3, $4::jsonb)")
+                .bind(&self.table.schema)
+                .bind(&self.table.table)
+                .bind(&self.partition)
+                .bind(text)
+                .execute(&mut *c)
+                .await
+                .map_err(e)?;
+        }
+        sqlx::query("SELECT multiregion.finish_range_install($1, $2, $3)")
+            .bind(&self.table.schema)
+            .bind(&self.table.table)
+            .bind(&self.partition)
+            .execute(&mut *c)
+            .await
+            .map_err(e)?;
+        sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
+        Ok(true)
+    }
+}
+
+/// A seed larger than this is refused (it travels as one peer message).
+const SEED_LIMIT: usize = 12 << 20;
+
+impl Source {
+    /// The database's multi-region schema version here.
+    pub async fn schema_version(&self) -> Result<u64, Error> {
+        let mut c = self.connect().await?;
+        let r = sqlx::query_scalar::<_, i64>("SELECT multiregion.schema_version()")
+            .fetch_one(&mut c)
+            .await
+            .map_err(|e| e.to_string());
+        let _ = c.close().await;
+        Ok(r?.max(0) as u64)
+    }
+
+    /// This node's rows of the source's (table, partition), one `to_jsonb` text per line.
+    pub async fn rows(&self) -> Result<String, Error> {
+        let mut c = self.connect().await?;
+        let r = async {
+            let relation: String =
+                sqlx::query_scalar("SELECT multiregion.range_relation($1, $2, $3)::text")
+                    .bind(&self.table.schema)
+                    .bind(&self.table.table)
+                    .bind(&self.partition)
+                    .fetch_one(&mut c)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            let q = format!("SELECT to_jsonb(t)::text FROM {relation} t");
+            let mut out = String::new();
+            let mut s = sqlx::query_scalar::<_, String>(&q).fetch(&mut c);
+            while let Some(line) = s.try_next().await.map_err(|e| e.to_string())? {
+                out.push_str(&line);
+                out.push('\n');
+                if out.len() > SEED_LIMIT {
+                    return Err(format!(
+                        "the rows of {}.{} partition {:?} exceed {SEED_LIMIT} bytes, the most a new range can be seeded with",
+                        self.table.schema, self.table.table, self.partition
+                    ));
+                }
+            }
+            Ok(out)
+        }
+        .await;
+        let _ = c.close().await;
+        r
+    }
+
+    /// Replaces this node's rows of new range `range_id` by `rows` (from [`Source::rows`] on
+    /// the node that held them), its cursor at 0: what the range's bootstrapper does before it
+    /// initializes the group, whose first snapshot then carries them to every other replica.
+    pub async fn install_seed(&self, range_id: u64, rows: &str) -> Result<(), Error> {
+        let header = Header {
+            range_id,
+            index: 0,
+            schema_version: 0,
+            skip: vec![],
+            rows: rows.lines().count() as u64,
+        };
+        let mut c = self.connect().await?;
+        let r = self.install_on(&mut c, &header, rows.as_bytes()).await;
+        if r.is_err() {
+            let _ = sqlx::query("ROLLBACK").execute(&mut c).await;
+        }
+        let _ = c.close().await;
+        r.map(|_| ())
+    }
+}
+
+/// A snapshot's header and the bytes of its rows.
+pub fn parse(data: &[u8]) -> Result<(Header, &[u8]), Error> {
+    let end = data
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or("a range snapshot without a header")?;
+    let header: Header = serde_json::from_slice(&data[..end])
+        .map_err(|e| format!("a range snapshot's header is malformed: {e}"))?;
+    Ok((header, &data[end + 1..]))
+}
+
+/// How long a seed's source waits for the schema change and for its applier.
+const SEED_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl super::Ranges {
+    fn source(&self, table: TableRef, partition: Option<String>) -> Source {
+        Source {
+            me: self.me,
+            pg_cfg: self.pg_cfg.clone(),
+            pg: self.pg.clone(),
+            table,
+            partition,
+        }
+    }
+
+    /// Fetches and installs the rows new range `d` starts from (its seed range's leaseholder's
+    /// rows of `d`'s partition); the number of rows.
+    pub(super) async fn seed(&self, d: &mr_meta::RangeDescriptor) -> Result<u64, Error> {
+        let from = d.seed.ok_or("the range has no seed")?;
+        let partition = d.partition.clone().ok_or("only partitions are seeded")?;
+        let here = self.source(d.table.clone(), d.partition.clone());
+        let schema_version = here.schema_version().await?;
+        let (holder, replicated, addr) = self.meta.read(|s| {
+            let holder = s.lease(from).map(|l| l.holder);
+            let replicated = s.range(from).is_some_and(|r| r.bootstrapped_by.is_some());
+            let addr = holder.and_then(|h| s.node(h)).map(|n| n.rpc_addr.clone());
+            (holder, replicated, addr)
+        });
+        let answer = match holder {
+            // The old range never had a group (it replicated no rows), or is gone.
+            None if !replicated => {
+                tracing::warn!(
+                    range_id = d.range_id,
+                    from,
+                    "the seed range holds no replicated rows; starting from this node's copy"
+                );
+                return Ok(0);
+            }
+            None => return Err(format!("range {from} has no leaseholder yet")),
+            Some(h) if h == self.me => {
+                self.serve_seed(
+                    from,
+                    &d.table.schema,
+                    &d.table.table,
+                    &partition,
+                    schema_version,
+                )
+                .await
+            }
+            Some(h) => {
+                let addr = addr.ok_or_else(|| format!("node {h} is unknown"))?;
+                self.transport
+                    .call(
+                        &addr,
+                        mr_wire::peer::PeerRequest::RangeSeed {
+                            from,
+                            schema: d.table.schema.clone(),
+                            table: d.table.table.clone(),
+                            partition: partition.clone(),
+                            schema_version,
+                        },
+                        SEED_WAIT * 3,
+                    )
+                    .await
+                    .map_err(|e| format!("asking node {h} for the rows: {e}"))?
+            }
+        };
+        let rows = match answer {
+            mr_wire::peer::PeerResponse::SeedRows { rows } => rows,
+            mr_wire::peer::PeerResponse::Error { message, .. } => return Err(message),
+            other => return Err(format!("unexpected answer {other:?}")),
+        };
+        here.install_seed(d.range_id, &rows).await?;
+        Ok(rows.lines().count() as u64)
+    }
+
+    /// Serves a new range's request for its rows: as the leaseholder of `from`, once this
+    /// node has applied the split (after which it takes no writes into `from`) and every
+    /// committed entry of `from`.
+    pub async fn serve_seed(
+        &self,
+        from: u64,
+        schema: &str,
+        table: &str,
+        partition: &str,
+        schema_version: u64,
+    ) -> mr_wire::peer::PeerResponse {
+        match self
+            .seed_rows(from, schema, table, partition, schema_version)
+            .await
+        {
+            Ok(rows) => mr_wire::peer::PeerResponse::SeedRows { rows },
+            Err(message) => mr_wire::peer::PeerResponse::Error {
+                message,
+                retryable: true,
+            },
+        }
+    }
+
+    async fn seed_rows(
+        &self,
+        from: u64,
+        schema: &str,
+        table: &str,
+        partition: &str,
+        schema_version: u64,
+    ) -> Result<String, Error> {
+        let g = self
+            .group(from)
+            .ok_or_else(|| format!("node {} holds no replica of range {from}", self.me))?;
+        if g.leading().is_none() {
+            return Err(format!(
+                "node {} is not the leaseholder of range {from}",
+                self.me
+            ));
+        }
+        let src = self.source(
+            TableRef {
+                database: g.table.database.clone(),
+                schema: schema.to_string(),
+                table: table.to_string(),
+            },
+            Some(partition.to_string()),
+        );
+        let deadline = tokio::time::Instant::now() + SEED_WAIT;
+        while src.schema_version().await? < schema_version {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "node {} has not applied schema version {schema_version} yet",
+                    self.me
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let committed = *g.committed.borrow();
+        while g.applied_index() < committed {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "node {}'s applier of range {from} is at {} of {committed}",
+                    self.me,
+                    g.applied_index()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        src.rows().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_parses_into_its_header_and_rows() {
+        let h = Header {
+            range_id: 7,
+            index: 42,
+            schema_version: 3,
+            skip: vec![44, 46],
+            rows: 2,
+        };
+        let mut data = serde_json::to_vec(&h).unwrap();
+        data.push(b'\n');
+        data.extend_from_slice(b"{\"id\": 1}\n{\"id\": 2, \"s\": \"a\\nb\"}\n");
+        let (parsed, rows) = parse(&data).unwrap();
+        assert_eq!(parsed, h);
+        assert_eq!(
+            rows.split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn a_snapshot_without_a_header_is_refused() {
+        assert!(parse(b"").is_err());
+        assert!(parse(b"not json\n").is_err());
+    }
+}

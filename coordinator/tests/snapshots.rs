@@ -1,0 +1,342 @@
+//! Range snapshots, on real `pgmr start` processes behind the simulated WAN: a replica that
+//! joins a range, or falls behind its purged log, starts from a snapshot of the leaseholder's
+//! rows — never from whatever its own PostgreSQL held — and then follows the log.
+
+mod common;
+
+use common::*;
+use sqlx::postgres::PgConnection;
+use sqlx::Row;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const WAN: &str =
+    "intra 2\nus-east1 us-west1 63\nus-east1 europe-west1 87\nus-west1 europe-west1 132\n";
+const EAST_B: &str = "region=us-east1,zone=us-east1-b";
+const EAST_C: &str = "region=us-east1,zone=us-east1-c";
+const EAST_D: &str = "region=us-east1,zone=us-east1-d";
+const WEST_A: &str = "region=us-west1,zone=us-west1-a";
+/// Snapshots every 10 entries, 10 kept: a lagging replica soon needs one.
+const KNOBS: &[(&str, &str)] = &[("PGMR_RANGE_SNAPSHOT_EVERY", "10")];
+
+async fn bank(node: &Node) -> PgConnection {
+    eventually("database bank", Duration::from_secs(30), || {
+        connect(node, "bank")
+    })
+    .await
+}
+
+/// Row count and a digest of every row of `accounts` on `node`.
+async fn contents(node: &Node) -> Option<(i64, String)> {
+    let mut c = connect(node, "bank").await?;
+    let row = sqlx::query(
+        "SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY id)), '') FROM accounts t",
+    )
+    .fetch_one(&mut c)
+    .await
+    .ok()?;
+    Some((row.get(0), row.get(1)))
+}
+
+/// Waits until `nodes` hold the same rows of `accounts`; returns them.
+async fn converged(nodes: &[&Node]) -> (i64, String) {
+    eventually(
+        "every replica to hold the same rows",
+        Duration::from_secs(90),
+        || async {
+            let mut seen = BTreeSet::new();
+            for n in nodes {
+                seen.insert(contents(n).await?);
+            }
+            (seen.len() == 1).then(|| seen.into_iter().next().unwrap())
+        },
+    )
+    .await
+}
+
+/// Rows this node's PostgreSQL holds outside the data plane (written in replica mode, as
+/// nothing but an applier does): what a stale copy of a table looks like.
+async fn plant_stale_rows(node: &Node) {
+    let mut c = bank(node).await;
+    exec(
+        &mut c,
+        "SET session_replication_role = replica; \
+         INSERT INTO accounts VALUES (-1, 666, 'stale'), (-2, 666, 'stale'); \
+         SET session_replication_role = origin",
+    )
+    .await;
+}
+
+/// Updates random accounts through node 1 until told to stop; the number of commits.
+async fn writer(node_port: u16, stop: Arc<AtomicBool>, commits: Arc<AtomicU64>) {
+    let mut c = None::<PgConnection>;
+    let mut i = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        if c.is_none() {
+            c = sqlx::postgres::PgConnectOptions::new()
+                .host("127.0.0.1")
+                .port(node_port)
+                .username("postgres")
+                .database("bank")
+                .connect_with_options()
+                .await;
+        }
+        let Some(conn) = c.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        i += 1;
+        let id = (i * 7919) % 200;
+        match sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
+            .bind(id as i32)
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => {
+                commits.fetch_add(1, Ordering::SeqCst);
+            }
+            Err(_) => {
+                c = None;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+trait ConnectWith {
+    async fn connect_with_options(self) -> Option<PgConnection>;
+}
+
+impl ConnectWith for sqlx::postgres::PgConnectOptions {
+    async fn connect_with_options(self) -> Option<PgConnection> {
+        use sqlx::ConnectOptions;
+        self.connect().await.ok()
+    }
+}
+
+/// Snapshots a node installed, as its log says.
+fn installed(node: &Node) -> usize {
+    node.log()
+        .lines()
+        .filter(|l| l.contains("installed a range snapshot") && l.contains("installed=true"))
+        .count()
+}
+
+/// A range's voters (nodes 1–3, us-east1) start from the bootstrapper's snapshot; a replica
+/// added later (node 4, when the database adds us-west1) and a voter that was down while the
+/// log was purged past it (node 2) install a snapshot taken under concurrent writes, and their
+/// stale rows are gone: every replica ends with the same rows and the consistency check passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_rows() {
+    let dir = scratch("snapshots");
+    let mut nodes = start_cluster_with_env(
+        dir.path(),
+        48,
+        WAN,
+        &[EAST_B, EAST_C, EAST_D, WEST_A],
+        KNOBS,
+    )
+    .await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE bank").await;
+    let mut b = bank(&nodes[0]).await;
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind(r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#)
+        .execute(&mut b)
+        .await
+        .unwrap();
+    exec(
+        &mut b,
+        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
+    )
+    .await;
+    // Node 4 holds a stale copy before it holds a replica.
+    plant_stale_rows(&nodes[3]).await;
+    // The range and its voters settle within seconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql(
+        "INSERT INTO accounts SELECT g, 100, 'row ' || g FROM generate_series(0, 199) g",
+    )
+    .execute(&mut b)
+    .await
+    {
+        assert!(std::time::Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Dozens of entries: snapshots with rows, logs purged.
+    for id in 0..40 {
+        exec(
+            &mut b,
+            &format!("UPDATE accounts SET balance = balance + 1 WHERE id = {id}"),
+        )
+        .await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let w = tokio::spawn(writer(nodes[0].pg_port, stop.clone(), commits.clone()));
+
+    // A replica joins under load.
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind(r#"ALTER DATABASE bank ADD REGION "us-west1""#)
+        .execute(&mut b)
+        .await
+        .unwrap();
+    eventually(
+        "node 4 installs a snapshot",
+        Duration::from_secs(60),
+        || async { (installed(&nodes[3]) > 0).then_some(()) },
+    )
+    .await;
+
+    // A voter falls behind the purged log.
+    nodes[1].crash();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = installed(&nodes[1]);
+    nodes[1].restart();
+    eventually(
+        "node 2 installs a snapshot",
+        Duration::from_secs(90),
+        || async { (installed(&nodes[1]) > before).then_some(()) },
+    )
+    .await;
+
+    stop.store(true, Ordering::SeqCst);
+    w.await.unwrap();
+    assert!(
+        commits.load(Ordering::SeqCst) > 20,
+        "the writer made progress"
+    );
+    let all: Vec<&Node> = nodes.iter().collect();
+    let (count, _) = converged(&all).await;
+    assert_eq!(count, 200, "no stale row survives and no row is missing");
+    let out = pgmr_ok(&[
+        "debug",
+        "check-consistency",
+        "--data-dir",
+        nodes[0].data_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.contains("DIFFERS"), "{out}");
+}
+
+/// How many rows of `trips` in `region` this node's own PostgreSQL holds (replica mode: read
+/// here, not routed to the leaseholder).
+async fn local_rows(node: &Node, region: &str) -> i64 {
+    let mut c = connect(node, "split").await.unwrap();
+    exec(&mut c, "SET session_replication_role = replica").await;
+    sqlx::query_scalar("SELECT count(*) FROM trips WHERE region::text = $1")
+        .bind(region)
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+}
+
+/// A table that was one range (REGIONAL BY TABLE, its replicas in us-east1 only under
+/// PLACEMENT RESTRICTED) split into REGIONAL BY ROW partitions: the us-west1 partition's new
+/// range lives on nodes that never held the table's rows, and starts from the old range's
+/// rows as its leaseholder held them — every row stays reachable, on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges_rows() {
+    let dir = scratch("snapshots-split");
+    let nodes = start_cluster(
+        dir.path(),
+        49,
+        WAN,
+        &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
+    )
+    .await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE split").await;
+    let mut s = eventually("database split", Duration::from_secs(30), || {
+        connect(&nodes[0], "split")
+    })
+    .await;
+    for sql in [
+        r#"ALTER DATABASE split PRIMARY REGION "us-east1""#,
+        r#"ALTER DATABASE split ADD REGION "us-west1""#,
+        "ALTER DATABASE split PLACEMENT RESTRICTED",
+    ] {
+        sqlx::query("SELECT multiregion.execute($1)")
+            .bind(sql)
+            .execute(&mut s)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    exec(
+        &mut s,
+        "CREATE TABLE trips (id int PRIMARY KEY, city text NOT NULL, \
+         region crdb_internal_region NOT NULL GENERATED ALWAYS AS (CASE WHEN city = 'seattle' THEN 'us-west1' \
+         ELSE 'us-east1' END) STORED)",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql(
+        "INSERT INTO trips SELECT g, CASE WHEN g % 2 = 0 THEN 'seattle' ELSE 'new york' END \
+         FROM generate_series(1, 100) g",
+    )
+    .execute(&mut s)
+    .await
+    {
+        assert!(std::time::Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The us-west1 nodes hold no replica of the table, so no row.
+    assert_eq!(local_rows(&nodes[1], "us-west1").await, 0);
+    assert_eq!(local_rows(&nodes[2], "us-west1").await, 0);
+
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind("ALTER TABLE trips SET LOCALITY REGIONAL BY ROW AS region")
+        .execute(&mut s)
+        .await
+        .unwrap();
+    for n in &nodes[1..] {
+        eventually(
+            "the us-west1 partition's rows on its replicas",
+            Duration::from_secs(60),
+            || async { (local_rows(n, "us-west1").await == 50).then_some(()) },
+        )
+        .await;
+    }
+    // Through every node, every row (routed to each partition's leaseholder), and writes.
+    for (i, n) in nodes.iter().enumerate() {
+        let count: i64 = eventually(
+            "every row through every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "split").await?;
+                sqlx::query_scalar("SELECT count(*) FROM trips WHERE region = 'us-west1'")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+        assert_eq!(count, 50, "node {}", i + 1);
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        let mut c = connect(n, "split").await.unwrap();
+        exec(
+            &mut c,
+            &format!("INSERT INTO trips VALUES ({}, 'seattle')", 1000 + i),
+        )
+        .await;
+    }
+    for n in &nodes[1..] {
+        eventually(
+            "the new rows on every us-west1 replica",
+            Duration::from_secs(30),
+            || async { (local_rows(n, "us-west1").await == 53).then_some(()) },
+        )
+        .await;
+    }
+    let out = pgmr_ok(&[
+        "debug",
+        "check-consistency",
+        "--data-dir",
+        nodes[0].data_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.contains("DIFFERS"), "{out}");
+}
