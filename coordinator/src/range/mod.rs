@@ -450,6 +450,7 @@ impl Ranges {
             pg: self.pg.clone(),
             table: d.table.clone(),
             partition: d.partition.clone(),
+            meta: self.meta.clone(),
         };
         let sm = store::StateMachine::open(
             self.db.clone(),

@@ -50,6 +50,9 @@ pub struct Source {
     pub pg: Arc<PgState>,
     pub table: TableRef,
     pub partition: Option<String>,
+    /// The cluster's state, for whether rows are replicated at all: while they are not, each
+    /// node's rows are its own and a snapshot moves only the cursor.
+    pub meta: Arc<crate::meta::Meta>,
 }
 
 /// Why a snapshot could not be built or installed (always worth retrying: PostgreSQL
@@ -203,6 +206,16 @@ impl Source {
     pub async fn install(&self, data: &[u8]) -> Result<bool, Error> {
         let (header, rows) = parse(data)?;
         let mut c = self.connect().await?;
+        if !self.meta.read(super::replication_on) {
+            let r = sqlx::query("SELECT multiregion.advance_range($1, $2)")
+                .bind(header.range_id as i64)
+                .bind(header.index as i64)
+                .execute(&mut c)
+                .await
+                .map_err(|e| e.to_string());
+            let _ = c.close().await;
+            return r.map(|_| false);
+        }
         let r = self.install_on(&mut c, &header, rows).await;
         if r.is_err() {
             let _ = sqlx::query("ROLLBACK").execute(&mut c).await;
@@ -366,6 +379,7 @@ impl super::Ranges {
             pg: self.pg.clone(),
             table,
             partition,
+            meta: self.meta.clone(),
         }
     }
 
@@ -373,6 +387,9 @@ impl super::Ranges {
     /// rows of `d`'s partition); the number of rows.
     pub(super) async fn seed(&self, d: &mr_meta::RangeDescriptor) -> Result<u64, Error> {
         let from = d.seed.ok_or("the range has no seed")?;
+        if !self.enabled() {
+            return Ok(0);
+        }
         let partition = d.partition.clone().ok_or("only partitions are seeded")?;
         let here = self.source(d.table.clone(), d.partition.clone());
         let schema_version = here.schema_version().await?;
