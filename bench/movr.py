@@ -147,11 +147,13 @@ def main():
     ap.add_argument("--ops", type=int, default=100)
     ap.add_argument("--rows", type=int, default=30, help="users and vehicles per city")
     ap.add_argument("--nodes", type=int, default=9, help="demo nodes (3 or more, spread over the regions)")
+    ap.add_argument("--keep", action="store_true", help="keep the demo's data directories (logs) afterwards")
     a = ap.parse_args()
     log = tempfile.NamedTemporaryFile(prefix="bench-movr-", suffix=".log", delete=False)
     demo = subprocess.Popen(
         [a.pgmr, "demo", "--global", "--nodes", str(a.nodes), "--no-shell",
-         "--pg-port-base", str(PG_BASE), "--sql-port-base", str(GATEWAY_BASE), "--rpc-port-base", str(RPC_BASE)],
+         "--pg-port-base", str(PG_BASE), "--sql-port-base", str(GATEWAY_BASE), "--rpc-port-base", str(RPC_BASE)]
+        + (["--keep"] if a.keep else []),
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:

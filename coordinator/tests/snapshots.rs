@@ -190,6 +190,25 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
         || async { (installed(&nodes[3]) > 0).then_some(()) },
     )
     .await;
+    // It leaves and joins again at once (a region dropped and added back): a fresh replica,
+    // whatever its previous incarnation left behind.
+    for sql in [
+        r#"ALTER DATABASE bank DROP REGION "us-west1""#,
+        r#"ALTER DATABASE bank ADD REGION "us-west1""#,
+    ] {
+        sqlx::query("SELECT multiregion.execute($1)")
+            .bind(sql)
+            .execute(&mut b)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    eventually(
+        "node 4 installs a snapshot again",
+        Duration::from_secs(60),
+        || async { (installed(&nodes[3]) > 1).then_some(()) },
+    )
+    .await;
 
     // A voter falls behind the purged log.
     nodes[1].crash();

@@ -114,6 +114,9 @@ const PROMOTE_WITHIN: u64 = 100;
 const ELECT_EVERY: Duration = Duration::from_secs(5);
 /// How often the manager reconciles groups with the descriptors.
 const MANAGE_EVERY: Duration = Duration::from_millis(250);
+/// A replica the descriptor no longer lists keeps running while the Raft membership it knows
+/// still includes it (its vote may be needed to change the membership), at most this long.
+const KEEP_REMOVED: Duration = Duration::from_secs(60);
 /// A replica builds a snapshot (and purges its log up to it, less [`LOGS_KEPT`] entries, which
 /// a lagging replica can still catch up from) once this many entries were committed since its
 /// last one.
@@ -159,6 +162,8 @@ pub struct Group {
     /// does, a fence hides nothing, so transactions that began before it may write.
     data_seen: std::sync::atomic::AtomicBool,
     last_elect: Mutex<Option<Instant>>,
+    /// When the descriptor stopped listing this node (`None` while it lists it).
+    dropped_since: Mutex<Option<Instant>>,
     /// A new range's seed ([`mr_meta::RangeDescriptor::seed`]): being fetched, installed.
     seeding: std::sync::atomic::AtomicBool,
     seeded: std::sync::atomic::AtomicBool,
@@ -373,12 +378,18 @@ impl Ranges {
 
     async fn manage(self: &Arc<Self>) -> Result<()> {
         let me = self.me;
-        let (mine, nodes): (Vec<RangeDescriptor>, BTreeMap<u64, MetaNode>) = self.meta.read(|s| {
+        type Read = (
+            Vec<RangeDescriptor>,
+            BTreeMap<u64, RangeDescriptor>,
+            BTreeMap<u64, MetaNode>,
+        );
+        let (mine, all, nodes): Read = self.meta.read(|s| {
             let mine = s
                 .ranges()
                 .filter(|r| r.replicas.iter().any(|x| x.node_id == me))
                 .cloned()
                 .collect();
+            let all = s.ranges().map(|r| (r.range_id, r.clone())).collect();
             let nodes = s
                 .nodes()
                 .map(|n| {
@@ -389,17 +400,36 @@ impl Ranges {
                     (n.node_id, node)
                 })
                 .collect();
-            (mine, nodes)
+            (mine, all, nodes)
         });
         let wanted: BTreeSet<u64> = mine.iter().map(|r| r.range_id).collect();
-        // Ranges this node no longer holds: stop their members and forget their logs.
+        // Ranges this node no longer holds: stop their members and forget their logs — once
+        // the membership this member knows leaves it out (the voters that replace it may need
+        // its vote to take over: stopping first left a range with two of three voters gone
+        // and no quorum to change its membership), or after KEEP_REMOVED.
+        let now = Instant::now();
         let gone: Vec<Arc<Group>> = {
             let mut groups = self.groups.lock().expect("groups lock");
-            let ids: Vec<u64> = groups
-                .keys()
-                .filter(|id| !wanted.contains(id))
-                .copied()
-                .collect();
+            let mut ids = Vec::new();
+            for (id, g) in groups.iter() {
+                let mut dropped = g.dropped_since.lock().expect("dropped lock");
+                if wanted.contains(id) {
+                    *dropped = None;
+                    continue;
+                }
+                let since = *dropped.get_or_insert(now);
+                let member = g
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .any(|(n, _)| *n == me);
+                if !(all.contains_key(id) && member && since.elapsed() < KEEP_REMOVED) {
+                    ids.push(*id);
+                }
+            }
             ids.into_iter()
                 .filter_map(|id| groups.remove(&id))
                 .collect()
@@ -423,6 +453,17 @@ impl Ranges {
                 tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
             }
         }
+        // A leader the descriptor no longer lists still moves the range to its new replicas.
+        for g in self.groups() {
+            if wanted.contains(&g.range_id) || g.leading().is_none() {
+                continue;
+            }
+            if let Some(d) = all.get(&g.range_id) {
+                if let Err(e) = self.upkeep(&g, d, &nodes).await {
+                    tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
+                }
+            }
+        }
         Ok(())
     }
 
@@ -439,9 +480,11 @@ impl Ranges {
             ..Config::default()
         }
         .validate()?;
+        let inc = store::incarnation(&self.db, d.range_id)?;
         let log = store::LogStore {
             db: self.db.clone(),
             range: d.range_id,
+            inc,
         };
         let stop = CancellationToken::new();
         let source = snapshot::Source {
@@ -454,7 +497,7 @@ impl Ranges {
         };
         let sm = store::StateMachine::open(
             self.db.clone(),
-            d.range_id,
+            (d.range_id, inc),
             source,
             &self.dir,
             stop.clone(),
@@ -474,6 +517,7 @@ impl Ranges {
             data_seen: std::sync::atomic::AtomicBool::new(false),
             fenced_term: AtomicU64::new(0),
             last_elect: Mutex::new(None),
+            dropped_since: Mutex::new(None),
             seeding: std::sync::atomic::AtomicBool::new(false),
             seeded: std::sync::atomic::AtomicBool::new(false),
             stop,

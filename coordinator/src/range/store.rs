@@ -47,6 +47,11 @@ const PURGED: &str = "purged";
 /// alone no longer tells whether this replica has seen rows.
 const PURGED_DATA: &str = "purged_data";
 const SNAPSHOT: &str = "snapshot";
+/// Which incarnation of this node's replica of the range the stored state belongs to: bumped
+/// when the replica is removed, so that a stopped member's late writes (openraft's state
+/// machine worker and snapshot tasks outlive `shutdown`) cannot land in the state of the
+/// replica that replaces it. Every write checks it in its own transaction.
+const INCARNATION: &str = "incarnation";
 /// A snapshot is rebuilt only once the applier is this many entries past the last one.
 const REBUILD_AFTER: u64 = 64;
 
@@ -74,9 +79,25 @@ fn get<T: DeserializeOwned>(
     Ok(v.and_then(|v| serde_json::from_slice(v.value()).ok()))
 }
 
+/// The current incarnation of this node's replica of `range` (0 before any was removed).
+pub fn incarnation(db: &Database, range: u64) -> Result<u64, redb::Error> {
+    Ok(get::<u64>(db, range, INCARNATION)?.unwrap_or(0))
+}
+
+/// Whether `inc` is still the current incarnation of `range`, read in the write transaction
+/// that is about to change its state.
+fn current(tx: &redb::WriteTransaction, range: u64, inc: u64) -> Result<bool, redb::Error> {
+    let t = tx.open_table(META)?;
+    let stored = t
+        .get((range, INCARNATION))?
+        .and_then(|v| serde_json::from_slice::<u64>(v.value()).ok())
+        .unwrap_or(0);
+    Ok(stored == inc)
+}
+
 fn put<T: Serialize>(
     db: &Database,
-    range: u64,
+    (range, inc): (u64, u64),
     key: &str,
     v: &T,
     durable: bool,
@@ -84,6 +105,9 @@ fn put<T: Serialize>(
     let bytes = serde_json::to_vec(v).expect("storage records serialize");
     crate::blocking::run(|| {
         let mut tx = db.begin_write()?;
+        if !current(&tx, range, inc)? {
+            return Ok(());
+        }
         if !durable {
             tx.set_durability(Durability::Eventual);
         }
@@ -161,19 +185,27 @@ pub fn has_data_entries(db: &Database, range: u64, to: u64) -> Result<bool, redb
     Ok(false)
 }
 
-/// Where `range`'s latest snapshot is kept.
-pub fn snapshot_path(dir: &Path, range: u64) -> PathBuf {
-    dir.join("range-snapshots").join(format!("{range}.snap"))
+/// Where incarnation `inc` of `range`'s replica keeps its latest snapshot.
+pub fn snapshot_path(dir: &Path, range: u64, inc: u64) -> PathBuf {
+    dir.join("range-snapshots")
+        .join(format!("{range}-{inc}.snap"))
 }
 
-/// Forgets everything stored for `range` (this node no longer holds a replica of it).
+/// Forgets everything stored for `range` (this node no longer holds a replica of it) and
+/// starts a new incarnation, which the state of a later replica here belongs to.
 pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::Error> {
-    let _ = std::fs::remove_file(snapshot_path(dir, range));
+    let inc = incarnation(db, range)?;
+    let _ = std::fs::remove_file(snapshot_path(dir, range, inc));
     crate::blocking::run(|| {
         let tx = db.begin_write()?;
         tx.open_table(LOG)?
             .retain_in((range, 0)..=(range, u64::MAX), |_, _| false)?;
-        tx.open_table(META)?.retain(|(r, _), _| r != range)?;
+        {
+            let mut m = tx.open_table(META)?;
+            m.retain(|(r, _), _| r != range)?;
+            let next = serde_json::to_vec(&(inc + 1)).expect("numbers serialize");
+            m.insert((range, INCARNATION), next.as_slice())?;
+        }
         tx.commit()?;
         Ok(())
     })
@@ -184,6 +216,8 @@ pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::E
 pub struct LogStore {
     pub db: Arc<Database>,
     pub range: u64,
+    /// This replica's incarnation ([`incarnation`]).
+    pub inc: u64,
 }
 
 impl RaftLogReader<RangeConfig> for LogStore {
@@ -250,7 +284,8 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), SErr> {
-        put(&self.db, self.range, VOTE, vote, true).map_err(|e| io(e, StorageIOError::write_vote))
+        put(&self.db, (self.range, self.inc), VOTE, vote, true)
+            .map_err(|e| io(e, StorageIOError::write_vote))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, SErr> {
@@ -258,8 +293,14 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), SErr> {
-        put(&self.db, self.range, COMMITTED, &committed, false)
-            .map_err(|e| io(e, StorageIOError::write))
+        put(
+            &self.db,
+            (self.range, self.inc),
+            COMMITTED,
+            &committed,
+            false,
+        )
+        .map_err(|e| io(e, StorageIOError::write))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, SErr> {
@@ -275,6 +316,9 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     {
         let write = || -> Result<(), redb::Error> {
             let tx = self.db.begin_write()?;
+            if !current(&tx, self.range, self.inc)? {
+                return Ok(());
+            }
             {
                 let mut t = tx.open_table(LOG)?;
                 for e in entries {
@@ -297,6 +341,9 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         let write = || -> Result<(), redb::Error> {
             let tx = self.db.begin_write()?;
+            if !current(&tx, self.range, self.inc)? {
+                return Ok(());
+            }
             tx.open_table(LOG)?.retain_in(
                 (self.range, log_id.index)..=(self.range, u64::MAX),
                 |_, _| false,
@@ -312,6 +359,9 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         let write = || -> Result<(), redb::Error> {
             let tx = self.db.begin_write()?;
+            if !current(&tx, self.range, self.inc)? {
+                return Ok(());
+            }
             let mut data = false;
             {
                 let mut t = tx.open_table(LOG)?;
@@ -351,6 +401,8 @@ pub struct Applied {
 pub struct StateMachine {
     pub db: Arc<Database>,
     pub range: u64,
+    /// This replica's incarnation ([`incarnation`]).
+    inc: u64,
     pub applied: Arc<Mutex<Applied>>,
     /// The highest committed index, for the applier and for commit waits.
     pub committed: Arc<watch::Sender<u64>>,
@@ -369,7 +421,7 @@ const SNAPSHOT_RETRY: Duration = Duration::from_millis(500);
 impl StateMachine {
     pub fn open(
         db: Arc<Database>,
-        range: u64,
+        (range, inc): (u64, u64),
         source: super::snapshot::Source,
         dir: &Path,
         stop: CancellationToken,
@@ -381,6 +433,7 @@ impl StateMachine {
         Ok(StateMachine {
             db,
             range,
+            inc,
             applied: Arc::new(Mutex::new(Applied { last, membership })),
             committed: Arc::new(committed),
             source: Arc::new(source),
@@ -402,7 +455,7 @@ impl StateMachine {
         let Some(meta) = meta else {
             return Ok(None);
         };
-        let data = std::fs::read(snapshot_path(&self.dir, self.range))
+        let data = std::fs::read(snapshot_path(&self.dir, self.range, self.inc))
             .map_err(|e| SErr::from(StorageIOError::read_snapshot(Some(meta.signature()), &e)))?;
         Ok(Some(Snapshot {
             meta,
@@ -412,7 +465,7 @@ impl StateMachine {
 
     /// Keeps `data` as the latest snapshot (the file first, then its meta).
     fn keep(&self, meta: &SnapshotMeta<u64, RangeNode>, data: &[u8]) -> Result<(), SErr> {
-        let path = snapshot_path(&self.dir, self.range);
+        let path = snapshot_path(&self.dir, self.range, self.inc);
         let tmp = path.with_extension("tmp");
         let w = || -> std::io::Result<()> {
             std::fs::write(&tmp, data)?;
@@ -421,7 +474,7 @@ impl StateMachine {
         };
         crate::blocking::run(w)
             .map_err(|e| SErr::from(StorageIOError::write_snapshot(Some(meta.signature()), &e)))?;
-        put(&self.db, self.range, SNAPSHOT, meta, true).map_err(|e| {
+        put(&self.db, (self.range, self.inc), SNAPSHOT, meta, true).map_err(|e| {
             io(e, |e| {
                 StorageIOError::write_snapshot(Some(meta.signature()), e)
             })
@@ -564,6 +617,9 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         let bytes = serde_json::to_vec(&record).expect("storage records serialize");
         let write = || -> Result<(), redb::Error> {
             let mut tx = self.db.begin_write()?;
+            if !current(&tx, self.range, self.inc)? {
+                return Ok(());
+            }
             tx.set_durability(Durability::Eventual);
             tx.open_table(META)?
                 .insert((self.range, APPLIED), bytes.as_slice())?;
@@ -633,7 +689,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             }
         }
         if header.rows > 0 || !header.skip.is_empty() {
-            put(&self.db, self.range, PURGED_DATA, &true, true)
+            put(&self.db, (self.range, self.inc), PURGED_DATA, &true, true)
                 .map_err(|e| io(e, StorageIOError::write))?;
         }
         let record = {
@@ -642,7 +698,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             a.membership = meta.last_membership.clone();
             (a.last, a.membership.clone())
         };
-        put(&self.db, self.range, APPLIED, &record, true)
+        put(&self.db, (self.range, self.inc), APPLIED, &record, true)
             .map_err(|e| io(e, StorageIOError::write))?;
         self.keep(meta, &data)?;
         let index = meta.last_log_id.map_or(0, |l| l.index);
