@@ -115,7 +115,8 @@ const ELECT_EVERY: Duration = Duration::from_secs(5);
 /// How often the manager reconciles groups with the descriptors.
 const MANAGE_EVERY: Duration = Duration::from_millis(250);
 /// A replica the descriptor no longer lists keeps running while the Raft membership it knows
-/// still includes it (its vote may be needed to change the membership), at most this long.
+/// still has it as a voter (its vote may be needed to change the membership), at most this
+/// long.
 const KEEP_REMOVED: Duration = Duration::from_secs(60);
 /// A replica builds a snapshot (and purges its log up to it, less [`LOGS_KEPT`] entries, which
 /// a lagging replica can still catch up from) once this many entries were committed since its
@@ -418,15 +419,17 @@ impl Ranges {
                     continue;
                 }
                 let since = *dropped.get_or_insert(now);
-                let member = g
+                // Only a voter's vote can be needed (a removed voter is retained as a learner
+                // by the change that removes it, so it learns it is one).
+                let voter = g
                     .raft
                     .metrics()
                     .borrow()
                     .membership_config
                     .membership()
-                    .nodes()
-                    .any(|(n, _)| *n == me);
-                if !(all.contains_key(id) && member && since.elapsed() < KEEP_REMOVED) {
+                    .voter_ids()
+                    .any(|n| n == me);
+                if !(all.contains_key(id) && voter && since.elapsed() < KEEP_REMOVED) {
                     ids.push(*id);
                 }
             }
