@@ -222,6 +222,24 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
     )
     .await;
 
+    // Seen in SQL: every replica has a snapshot and has purged its log up to one.
+    eventually(
+        "every replica's snapshot and purged log in multiregion.range_replicas",
+        Duration::from_secs(30),
+        || async {
+            let mut c = bank(&nodes[0]).await;
+            let replicas: Vec<(i64, i64, i64)> = sqlx::query_as(
+                "SELECT node_id, snapshot_index, first_log_index FROM multiregion.range_replicas \
+                 JOIN multiregion.ranges USING (range_id) WHERE table_name = 'accounts'",
+            )
+            .fetch_all(&mut c)
+            .await
+            .ok()?;
+            (replicas.len() == 4 && replicas.iter().all(|(_, s, f)| *s > 0 && *f > 1)).then_some(())
+        },
+    )
+    .await;
+
     stop.store(true, Ordering::SeqCst);
     w.await.unwrap();
     assert!(

@@ -953,6 +953,7 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
             read_only: pg_sys::XactReadOnly,
             settings,
             gateway_region: gucs::locality()?.region().to_owned(),
+            schema_version: crate::regions::catalog::load(false).1.max(0) as u64,
         })
     }
 }

@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const APPLICATION_NAME: &str = "pgmr forwarded transaction";
+/// How long a forwarded transaction waits for this node to apply the origin's schema version.
+const SCHEMA_WAIT: Duration = Duration::from_secs(10);
 /// A remote session without a keepalive from its origin for this long is rolled back.
 const IDLE_LIMIT: Duration = Duration::from_secs(30);
 /// How often the origin checks its backends and sends keepalives.
@@ -309,6 +311,30 @@ impl Ranges {
             },
             None => self.connect(&begin.database).await?,
         };
+        // The origin planned its statements against its schema: wait until this node has
+        // it (a schema change reaches every node within a poll, usually).
+        let deadline = Instant::now() + SCHEMA_WAIT;
+        loop {
+            let here: i64 = sqlx::query_scalar("SELECT multiregion.schema_version()")
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| sql_error(&e))?;
+            if here.max(0) as u64 >= begin.schema_version {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(SqlError {
+                    code: "40001".into(),
+                    message: format!(
+                        "node {} has not applied schema version {} of database {} yet (it has {here})",
+                        self.me, begin.schema_version, begin.database
+                    ),
+                    detail: None,
+                    hint: Some("Retry the transaction.".into()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         sqlx::query(begin.isolation.begin_sql(begin.read_only))
             .execute(&mut conn)
             .await

@@ -1401,6 +1401,8 @@ impl Ranges {
                     committed_index: *g.committed.borrow(),
                     applied_index: g.applied_index(),
                     matched,
+                    snapshot_index: m.snapshot.map_or(0, |l| l.index),
+                    first_log_index: m.purged.map_or(0, |l| l.index + 1),
                 }
             })
             .collect()

@@ -285,6 +285,10 @@ pub struct ForwardBegin {
     pub settings: Vec<(String, String)>,
     /// The origin's region: `gateway_region()` answers it on the remote node too.
     pub gateway_region: String,
+    /// The database's multi-region schema version at the origin: the remote node runs the
+    /// statements only once it has applied it (they were planned against that schema).
+    #[serde(default)]
+    pub schema_version: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -687,6 +691,12 @@ pub struct RangeProgress {
     pub applied_index: u64,
     /// On the leader: each member's highest replicated index.
     pub matched: Vec<(u64, u64)>,
+    /// The index this replica's latest snapshot is at (0: none yet).
+    #[serde(default)]
+    pub snapshot_index: u64,
+    /// The first index its log still holds (entries before it were purged up to a snapshot).
+    #[serde(default)]
+    pub first_log_index: u64,
 }
 
 /// One replica's rows, summarised at its applied index.

@@ -289,11 +289,25 @@ fn range_rows() -> Result<Vec<RangeInfoRow>, MrError> {
 }
 
 /// The columns of `range_replicas_info()`, in order.
-type ReplicaRow = (i64, i64, String, Option<i64>, i64, i64, i64, i64, i64);
+type ReplicaRow = (
+    i64,
+    i64,
+    String,
+    Option<i64>,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+);
 
 /// Every range replica's Raft and apply progress, as each live node reports it; the view
 /// `multiregion.range_replicas` shows it. `lag` counts the committed entries this replica has
-/// not applied yet (against the highest commit index any replica of the range reports).
+/// not applied yet (against the highest commit index any replica of the range reports);
+/// `snapshot_index` is where its latest snapshot is (0: none), `first_log_index` the first
+/// entry its log still holds (snapshots let it purge the ones before).
 #[allow(clippy::type_complexity)]
 #[pg_extern(schema = "multiregion")]
 fn range_replicas_info() -> TableIterator<
@@ -308,6 +322,8 @@ fn range_replicas_info() -> TableIterator<
         name!(committed_index, i64),
         name!(applied_index, i64),
         name!(lag, i64),
+        name!(snapshot_index, i64),
+        name!(first_log_index, i64),
     ),
 > {
     TableIterator::new(replica_rows().or_raise())
@@ -334,6 +350,8 @@ fn replica_rows() -> Result<Vec<ReplicaRow>, MrError> {
                 bigint("committed_index", r.committed_index)?,
                 bigint("applied_index", r.applied_index)?,
                 bigint("lag", lag)?,
+                bigint("snapshot_index", r.snapshot_index)?,
+                bigint("first_log_index", r.first_log_index)?,
             ))
         })
         .collect()

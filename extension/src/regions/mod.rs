@@ -8,7 +8,7 @@
 //! statement to the meta group and wait until every other live node has applied it. A failure
 //! anywhere aborts the caller's statement, so nothing is half-applied.
 
-mod catalog;
+pub(crate) mod catalog;
 mod execute;
 mod rbr;
 mod replicate;
