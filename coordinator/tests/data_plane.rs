@@ -1098,18 +1098,16 @@ async fn regional_bank(nodes: &[Node], per_region: i32) {
         connect(&nodes[0], "mr")
     })
     .await;
-    for sql in [
-        r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
-        r#"ALTER DATABASE mr ADD REGION "us-west1""#,
-        r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
-        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text NOT NULL DEFAULT '') LOCALITY REGIONAL BY ROW",
-    ] {
-        sqlx::query("SELECT multiregion.execute($1)")
-            .bind(sql)
-            .execute(&mut m)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
+    execute_all(
+        &mut m,
+        &[
+            r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
+            r#"ALTER DATABASE mr ADD REGION "us-west1""#,
+            r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text NOT NULL DEFAULT '') LOCALITY REGIONAL BY ROW",
+        ],
+    )
+    .await;
     exec(
         &mut m,
         "CREATE TABLE audit (id int PRIMARY KEY, note text UNIQUE DEFERRABLE INITIALLY DEFERRED)",
@@ -1136,13 +1134,19 @@ fn region_of(id: i32, per_region: i32) -> &'static str {
     REGIONS[((id - 1) / per_region) as usize]
 }
 
-/// Every account's (region, id, balance), as a node sees them.
+/// Every account's (region, id, balance), as a node sees them. The read needs a replica of
+/// every partition on that node (it is ordered, so not split over leaseholders): right after
+/// the table is created a non-voting replica may still be joining (it starts from the range's
+/// snapshot), and the read is refused (0A000) until it has.
 async fn balances(node: &Node) -> Vec<(String, i32, i64)> {
-    let mut c = connect(node, "mr").await.unwrap();
-    sqlx::query_as("SELECT crdb_region::text, id, balance FROM accounts ORDER BY id")
-        .fetch_all(&mut c)
-        .await
-        .unwrap()
+    eventually("a replica of every partition", Duration::from_secs(30), || async {
+        let mut c = connect(node, "mr").await?;
+        sqlx::query_as("SELECT crdb_region::text, id, balance FROM accounts ORDER BY id")
+            .fetch_all(&mut c)
+            .await
+            .ok()
+    })
+    .await
 }
 
 /// Waits until every node reports the same balances, and returns them.

@@ -143,11 +143,11 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
     let mut c = nodes[0].sql().await;
     exec(&mut c, "CREATE DATABASE bank").await;
     let mut b = bank(&nodes[0]).await;
-    sqlx::query("SELECT multiregion.execute($1)")
-        .bind(r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#)
-        .execute(&mut b)
-        .await
-        .unwrap();
+    execute_all(
+        &mut b,
+        &[r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#],
+    )
+    .await;
     exec(
         &mut b,
         "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
@@ -179,11 +179,7 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
     let w = tokio::spawn(writer(nodes[0].pg_port, stop.clone(), commits.clone()));
 
     // A replica joins under load.
-    sqlx::query("SELECT multiregion.execute($1)")
-        .bind(r#"ALTER DATABASE bank ADD REGION "us-west1""#)
-        .execute(&mut b)
-        .await
-        .unwrap();
+    execute_all(&mut b, &[r#"ALTER DATABASE bank ADD REGION "us-west1""#]).await;
     eventually(
         "node 4 installs a snapshot",
         Duration::from_secs(60),
@@ -196,11 +192,7 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
         r#"ALTER DATABASE bank DROP REGION "us-west1""#,
         r#"ALTER DATABASE bank ADD REGION "us-west1""#,
     ] {
-        sqlx::query("SELECT multiregion.execute($1)")
-            .bind(sql)
-            .execute(&mut b)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        execute_all(&mut b, &[sql]).await;
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     eventually(
@@ -291,17 +283,15 @@ async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges
         connect(&nodes[0], "split")
     })
     .await;
-    for sql in [
-        r#"ALTER DATABASE split PRIMARY REGION "us-east1""#,
-        r#"ALTER DATABASE split ADD REGION "us-west1""#,
-        "ALTER DATABASE split PLACEMENT RESTRICTED",
-    ] {
-        sqlx::query("SELECT multiregion.execute($1)")
-            .bind(sql)
-            .execute(&mut s)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
+    execute_all(
+        &mut s,
+        &[
+            r#"ALTER DATABASE split PRIMARY REGION "us-east1""#,
+            r#"ALTER DATABASE split ADD REGION "us-west1""#,
+            "ALTER DATABASE split PLACEMENT RESTRICTED",
+        ],
+    )
+    .await;
     exec(
         &mut s,
         "CREATE TABLE trips (id int PRIMARY KEY, city text NOT NULL, \
@@ -324,11 +314,11 @@ async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges
     assert_eq!(local_rows(&nodes[1], "us-west1").await, 0);
     assert_eq!(local_rows(&nodes[2], "us-west1").await, 0);
 
-    sqlx::query("SELECT multiregion.execute($1)")
-        .bind("ALTER TABLE trips SET LOCALITY REGIONAL BY ROW AS region")
-        .execute(&mut s)
-        .await
-        .unwrap();
+    execute_all(
+        &mut s,
+        &["ALTER TABLE trips SET LOCALITY REGIONAL BY ROW AS region"],
+    )
+    .await;
     for n in &nodes[1..] {
         eventually(
             "the us-west1 partition's rows on its replicas",

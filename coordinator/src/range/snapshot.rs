@@ -75,6 +75,39 @@ impl Source {
             .map_err(|e| format!("cannot connect to {}: {e}", self.table.database))
     }
 
+    /// The relation holding the range's rows here (`multiregion.range_relation`), as a
+    /// regclass's text: already quoted.
+    async fn relation(&self, c: &mut PgConnection) -> Result<String, sqlx::Error> {
+        sqlx::query_scalar("SELECT multiregion.range_relation($1, $2, $3)::text")
+            .bind(&self.table.schema)
+            .bind(&self.table.table)
+            .bind(&self.partition)
+            .fetch_one(c)
+            .await
+    }
+
+    /// Appends every row of `relation` to `out`, one `to_jsonb` text per line, stopping with
+    /// `false` once `out` exceeds `limit` bytes; the number of rows.
+    async fn read_rows(
+        c: &mut PgConnection,
+        relation: &str,
+        out: &mut Vec<u8>,
+        limit: usize,
+    ) -> Result<Option<u64>, sqlx::Error> {
+        let q = format!("SELECT to_jsonb(t)::text FROM {relation} t");
+        let mut s = sqlx::query_scalar::<_, String>(&q).fetch(c);
+        let mut rows = 0u64;
+        while let Some(line) = s.try_next().await? {
+            out.extend_from_slice(line.as_bytes());
+            out.push(b'\n');
+            rows += 1;
+            if out.len() > limit {
+                return Ok(None);
+            }
+        }
+        Ok(Some(rows))
+    }
+
     /// The applier's cursor for `range_id` (0 before it applied anything).
     pub async fn cursor(&self, range_id: u64) -> Result<u64, Error> {
         let mut c = self.connect().await?;
@@ -129,15 +162,7 @@ impl Source {
         let relation: Option<String> = if !exists && index <= 1 {
             None
         } else {
-            Some(
-                sqlx::query_scalar("SELECT multiregion.range_relation($1, $2, $3)::text")
-                    .bind(&self.table.schema)
-                    .bind(&self.table.table)
-                    .bind(&self.partition)
-                    .fetch_one(&mut *c)
-                    .await
-                    .map_err(e)?,
-            )
+            Some(self.relation(&mut *c).await.map_err(e)?)
         };
         // Entries after the cursor that this node proposed: their rows are here exactly when
         // their keys are (read after the snapshot was taken, so every local commit it shows
@@ -178,13 +203,10 @@ impl Source {
         let mut body = Vec::new();
         let mut rows = 0u64;
         if let Some(relation) = relation {
-            let q = format!("SELECT to_jsonb(t)::text FROM {relation} t");
-            let mut s = sqlx::query_scalar::<_, String>(&q).fetch(&mut *c);
-            while let Some(line) = s.try_next().await.map_err(e)? {
-                body.extend_from_slice(line.as_bytes());
-                body.push(b'\n');
-                rows += 1;
-            }
+            rows = Self::read_rows(&mut *c, &relation, &mut body, usize::MAX)
+                .await
+                .map_err(e)?
+                .unwrap_or_default();
         }
         sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
         let header = Header {
@@ -308,28 +330,16 @@ impl Source {
     pub async fn rows(&self) -> Result<String, Error> {
         let mut c = self.connect().await?;
         let r = async {
-            let relation: String =
-                sqlx::query_scalar("SELECT multiregion.range_relation($1, $2, $3)::text")
-                    .bind(&self.table.schema)
-                    .bind(&self.table.table)
-                    .bind(&self.partition)
-                    .fetch_one(&mut c)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            let q = format!("SELECT to_jsonb(t)::text FROM {relation} t");
-            let mut out = String::new();
-            let mut s = sqlx::query_scalar::<_, String>(&q).fetch(&mut c);
-            while let Some(line) = s.try_next().await.map_err(|e| e.to_string())? {
-                out.push_str(&line);
-                out.push('\n');
-                if out.len() > SEED_LIMIT {
-                    return Err(format!(
-                        "the rows of {}.{} partition {:?} exceed {SEED_LIMIT} bytes, the most a new range can be seeded with",
-                        self.table.schema, self.table.table, self.partition
-                    ));
-                }
+            let relation = self.relation(&mut c).await.map_err(|e| e.to_string())?;
+            let mut out = Vec::new();
+            match Self::read_rows(&mut c, &relation, &mut out, SEED_LIMIT).await {
+                Ok(Some(_)) => String::from_utf8(out).map_err(|e| e.to_string()),
+                Ok(None) => Err(format!(
+                    "the rows of {}.{} partition {:?} exceed {SEED_LIMIT} bytes, the most a new range can be seeded with",
+                    self.table.schema, self.table.table, self.partition
+                )),
+                Err(e) => Err(e.to_string()),
             }
-            Ok(out)
         }
         .await;
         let _ = c.close().await;

@@ -368,6 +368,18 @@ pub async fn connect(node: &Node, db: &str) -> Option<PgConnection> {
 }
 
 /// Runs `sql` (simple protocol: several statements allowed), failing the test on an error.
+/// Runs each CockroachDB-dialect statement through `multiregion.execute`, panicking with the
+/// statement on the first error.
+pub async fn execute_all(c: &mut PgConnection, statements: &[&str]) {
+    for sql in statements {
+        sqlx::query("SELECT multiregion.execute($1)")
+            .bind(sql)
+            .execute(&mut *c)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
 pub async fn exec(c: &mut PgConnection, sql: &str) {
     sqlx::raw_sql(sql)
         .execute(&mut *c)
