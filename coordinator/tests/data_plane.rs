@@ -1139,13 +1139,17 @@ fn region_of(id: i32, per_region: i32) -> &'static str {
 /// the table is created a non-voting replica may still be joining (it starts from the range's
 /// snapshot), and the read is refused (0A000) until it has.
 async fn balances(node: &Node) -> Vec<(String, i32, i64)> {
-    eventually("a replica of every partition", Duration::from_secs(30), || async {
-        let mut c = connect(node, "mr").await?;
-        sqlx::query_as("SELECT crdb_region::text, id, balance FROM accounts ORDER BY id")
-            .fetch_all(&mut c)
-            .await
-            .ok()
-    })
+    eventually(
+        "a replica of every partition",
+        Duration::from_secs(30),
+        || async {
+            let mut c = connect(node, "mr").await?;
+            sqlx::query_as("SELECT crdb_region::text, id, balance FROM accounts ORDER BY id")
+                .fetch_all(&mut c)
+                .await
+                .ok()
+        },
+    )
     .await
 }
 

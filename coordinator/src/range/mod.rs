@@ -64,8 +64,8 @@ pub struct TxnMeta {
     pub start_ms: u64,
 }
 
-/// The cluster setting that turns row replication on (off by default until snapshots exist:
-/// docs/ARCHITECTURE.md §8, "Why snapshots come first").
+/// The cluster setting that turns row replication on (off by default until schema changes are
+/// ordered with rows: docs/ARCHITECTURE.md §8, §8.6).
 pub const REPLICATION_SETTING: &str = "multiregion.replication.enabled";
 
 /// Whether the meta state knows `t` as a REGIONAL BY ROW table.
