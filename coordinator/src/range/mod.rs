@@ -450,7 +450,14 @@ impl Ranges {
         for d in &mine {
             let g = match self.group(d.range_id) {
                 Some(g) => g,
-                None => self.start_group(d).await?,
+                // One range that cannot start must not keep this node's other ranges down.
+                None => match self.start_group(d).await {
+                    Ok(g) => g,
+                    Err(e) => {
+                        tracing::warn!(range_id = d.range_id, "starting the range replica: {e:#}");
+                        continue;
+                    }
+                },
             };
             if let Err(e) = self.upkeep(&g, d, &nodes).await {
                 tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
