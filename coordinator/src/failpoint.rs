@@ -7,6 +7,11 @@ use std::sync::OnceLock;
 /// The points, where they are.
 pub const BEFORE_DECIDE: &str = "2pc-before-decide";
 pub const AFTER_DECIDE: &str = "2pc-after-decide";
+/// A replica installing a snapshot: its rows are in PostgreSQL, Raft's storage does not know.
+pub const SNAPSHOT_AFTER_ROWS: &str = "snapshot-after-rows";
+/// A replica installing a snapshot: recorded as applied, not yet kept as its latest snapshot
+/// (openraft then purges the log and rebuilds a snapshot when it starts).
+pub const SNAPSHOT_BEFORE_KEEP: &str = "snapshot-before-keep";
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

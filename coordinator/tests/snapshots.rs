@@ -367,3 +367,131 @@ async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges
     ]);
     assert!(!out.contains("DIFFERS"), "{out}");
 }
+
+/// Row count and digest of `table` on `node`, read in its own PostgreSQL (replica mode).
+async fn local_contents(node: &Node, table: &str) -> Option<(i64, String)> {
+    let mut c = connect(node, "bank").await?;
+    sqlx::raw_sql("SET session_replication_role = replica")
+        .execute(&mut c)
+        .await
+        .ok()?;
+    let row = sqlx::query(&format!(
+        "SELECT count(*), coalesce(md5(string_agg(t::text, '|' ORDER BY id)), '') FROM {table} t"
+    ))
+    .fetch_one(&mut c)
+    .await
+    .ok()?;
+    Some((row.get(0), row.get(1)))
+}
+
+/// Waits until `node` has died at `failpoint`.
+async fn died_at(node: &Node, failpoint: &str) {
+    let mark = format!("failpoint=\"{failpoint}\"");
+    eventually(
+        &format!("node to die at {failpoint}"),
+        Duration::from_secs(60),
+        || async { node.log().contains(&mark).then_some(()) },
+    )
+    .await;
+}
+
+/// A replica that dies while installing a snapshot — its rows committed in PostgreSQL but
+/// not recorded in Raft's storage, or recorded as applied but not yet kept as its latest
+/// snapshot (so that on restart openraft purges its log and a snapshot is rebuilt from the
+/// rows) — starts again with every one of its replicas and ends with each range's rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_while_installing_a_snapshot_starts_again_and_catches_up() {
+    let dir = scratch("snapshots-crash");
+    let mut nodes = start_cluster_with_env(
+        dir.path(),
+        50,
+        WAN,
+        &[EAST_B, EAST_C, EAST_D, WEST_A],
+        KNOBS,
+    )
+    .await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE bank").await;
+    let mut b = bank(&nodes[0]).await;
+    execute_all(
+        &mut b,
+        &[r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#],
+    )
+    .await;
+    for table in ["accounts", "notes"] {
+        exec(
+            &mut b,
+            &format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, balance bigint NOT NULL, note text)"
+            ),
+        )
+        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = sqlx::raw_sql(&format!(
+            "INSERT INTO {table} SELECT g, 100, 'row ' || g FROM generate_series(0, 99) g"
+        ))
+        .execute(&mut b)
+        .await
+        {
+            assert!(std::time::Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let knobs_and = |failpoint: &'static str| {
+        let mut env = KNOBS.to_vec();
+        env.push(("PGMR_FAILPOINT", failpoint));
+        env
+    };
+    // Node 4 (us-west1) gets a replica of each range when the database adds its region, and
+    // dies installing the first snapshot; then, restarted, the next one.
+    nodes[3].crash();
+    nodes[3].restart_with_env(&knobs_and("snapshot-after-rows"));
+    eventually("node 4 back", Duration::from_secs(60), || {
+        try_connect(nodes[3].pg_port)
+    })
+    .await;
+    execute_all(&mut b, &[r#"ALTER DATABASE bank ADD REGION "us-west1""#]).await;
+    died_at(&nodes[3], "snapshot-after-rows").await;
+    for id in 0..20 {
+        exec(
+            &mut b,
+            &format!("UPDATE accounts SET balance = balance + 1 WHERE id = {id}; UPDATE notes SET note = 'changed' WHERE id = {id}"),
+        )
+        .await;
+    }
+    nodes[3].crash();
+    nodes[3].restart_with_env(&knobs_and("snapshot-before-keep"));
+    died_at(&nodes[3], "snapshot-before-keep").await;
+    for id in 20..40 {
+        exec(
+            &mut b,
+            &format!("UPDATE accounts SET balance = balance + 1 WHERE id = {id}; UPDATE notes SET note = 'changed' WHERE id = {id}"),
+        )
+        .await;
+    }
+    nodes[3].crash();
+    nodes[3].restart_with_env(KNOBS);
+
+    for table in ["accounts", "notes"] {
+        let want = local_contents(&nodes[0], table).await.unwrap();
+        eventually(
+            &format!("node 4's replica of {table} to hold the range's rows"),
+            Duration::from_secs(90),
+            || async { (local_contents(&nodes[3], table).await? == want).then_some(()) },
+        )
+        .await;
+    }
+    let log = nodes[3].log();
+    assert!(
+        !log.contains("starting the range replica"),
+        "every replica of node 4 started at once:\n{log}"
+    );
+    let out = pgmr_ok(&[
+        "debug",
+        "check-consistency",
+        "--data-dir",
+        nodes[0].data_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.contains("DIFFERS"), "{out}");
+}

@@ -118,6 +118,11 @@ const MANAGE_EVERY: Duration = Duration::from_millis(250);
 /// still has it as a voter (its vote may be needed to change the membership), at most this
 /// long.
 const KEEP_REMOVED: Duration = Duration::from_secs(60);
+/// How long one range's upkeep step may hold up the others' (it goes on in Raft).
+const UPKEEP_STEP: Duration = Duration::from_secs(5);
+/// A replica still starting after this is reported (its storage, or the snapshot rebuilt
+/// when it starts, is stuck).
+const SLOW_START: Duration = Duration::from_secs(15);
 /// A replica builds a snapshot (and purges its log up to it, less [`LOGS_KEPT`] entries, which
 /// a lagging replica can still catch up from) once this many entries were committed since its
 /// last one.
@@ -246,6 +251,9 @@ pub struct Ranges {
     /// The data directory (snapshots live under it).
     dir: std::path::PathBuf,
     groups: Mutex<BTreeMap<u64, Arc<Group>>>,
+    /// Replicas being started (in their own tasks: one slow to start, e.g. rebuilding a
+    /// snapshot while PostgreSQL recovers, holds up no other).
+    starting: Mutex<BTreeSet<u64>>,
     pg_cfg: PgConfig,
     pg: Arc<PgState>,
     /// Forwarded transactions, both ways ([`forward`]).
@@ -333,6 +341,7 @@ impl Ranges {
             db: store::open_db(dir)?,
             dir: dir.to_path_buf(),
             groups: Mutex::new(BTreeMap::new()),
+            starting: Mutex::new(BTreeSet::new()),
             pg_cfg,
             pg,
             sessions: forward::Sessions::default(),
@@ -437,6 +446,28 @@ impl Ranges {
                 .filter_map(|id| groups.remove(&id))
                 .collect()
         };
+        // A member whose Raft core stopped (a storage error, a failed state check) is
+        // started again from its storage, as after a restart of the node.
+        let failed: Vec<Arc<Group>> = {
+            let mut groups = self.groups.lock().expect("groups lock");
+            let ids: Vec<u64> = groups
+                .iter()
+                .filter(|(_, g)| g.raft.metrics().borrow().running_state.is_err())
+                .map(|(id, _)| *id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| groups.remove(&id))
+                .collect()
+        };
+        for g in failed {
+            let why = g.raft.metrics().borrow().running_state.clone();
+            tracing::warn!(
+                range_id = g.range_id,
+                "the range replica stopped ({why:?}); starting it again"
+            );
+            g.stop.cancel();
+            let _ = g.raft.shutdown().await;
+        }
         for g in gone {
             tracing::info!(
                 range_id = g.range_id,
@@ -448,19 +479,9 @@ impl Ranges {
             apply::forget(&self.pg_cfg, &self.pg, &g.table.database, g.range_id).await;
         }
         for d in &mine {
-            let g = match self.group(d.range_id) {
-                Some(g) => g,
-                // One range that cannot start must not keep this node's other ranges down.
-                None => match self.start_group(d).await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        tracing::warn!(range_id = d.range_id, "starting the range replica: {e:#}");
-                        continue;
-                    }
-                },
-            };
-            if let Err(e) = self.upkeep(&g, d, &nodes).await {
-                tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
+            match self.group(d.range_id) {
+                Some(g) => self.upkeep_bounded(&g, d, &nodes).await,
+                None => self.spawn_start(d),
             }
         }
         // A leader the descriptor no longer lists still moves the range to its new replicas.
@@ -469,12 +490,65 @@ impl Ranges {
                 continue;
             }
             if let Some(d) = all.get(&g.range_id) {
-                if let Err(e) = self.upkeep(&g, d, &nodes).await {
-                    tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}");
-                }
+                self.upkeep_bounded(&g, d, &nodes).await;
             }
         }
         Ok(())
+    }
+
+    /// Starts the replica of `d` in a task of its own, unless one is already starting: one
+    /// range that cannot start (or starts slowly) must not keep this node's others down.
+    fn spawn_start(self: &Arc<Self>, d: &RangeDescriptor) {
+        if !self
+            .starting
+            .lock()
+            .expect("starting lock")
+            .insert(d.range_id)
+        {
+            return;
+        }
+        let (ranges, d) = (self.clone(), d.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let start = ranges.start_group(&d);
+            tokio::pin!(start);
+            let r = match tokio::time::timeout(SLOW_START, &mut start).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!(
+                        range_id = d.range_id,
+                        "starting the range replica takes more than {SLOW_START:?}"
+                    );
+                    start.await
+                }
+            };
+            if let Err(e) = r {
+                tracing::warn!(range_id = d.range_id, elapsed = ?started.elapsed(), "starting the range replica: {e:#}");
+            }
+            ranges
+                .starting
+                .lock()
+                .expect("starting lock")
+                .remove(&d.range_id);
+        });
+    }
+
+    /// One upkeep pass over one group, bounded: a step that waits on its Raft group (a
+    /// membership change without a quorum) must not hold up every other range's upkeep.
+    async fn upkeep_bounded(
+        self: &Arc<Self>,
+        g: &Group,
+        d: &RangeDescriptor,
+        nodes: &BTreeMap<u64, MetaNode>,
+    ) {
+        match tokio::time::timeout(UPKEEP_STEP, self.upkeep(g, d, nodes)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(range_id = d.range_id, "range group upkeep: {e:#}"),
+            Err(_) => tracing::warn!(
+                range_id = d.range_id,
+                "a range upkeep step took more than {UPKEEP_STEP:?}; going on with the others"
+            ),
+        }
     }
 
     async fn start_group(self: &Arc<Self>, d: &RangeDescriptor) -> Result<Arc<Group>> {

@@ -47,6 +47,8 @@ const PURGED: &str = "purged";
 /// alone no longer tells whether this replica has seen rows.
 const PURGED_DATA: &str = "purged_data";
 const SNAPSHOT: &str = "snapshot";
+/// A purge openraft asked for that waits until the state machine has applied up to it.
+const PENDING_PURGE: &str = "pending_purge";
 /// Which incarnation of this node's replica of the range the stored state belongs to: bumped
 /// when the replica is removed, so that a stopped member's late writes (openraft's state
 /// machine worker and snapshot tasks outlive `shutdown`) cannot land in the state of the
@@ -355,37 +357,83 @@ impl RaftLogStorage<RangeConfig> for LogStore {
     }
 
     /// Removes entries up to `log_id` (which may lie past the last entry, after a snapshot was
-    /// installed), remembering whether any held rows.
+    /// installed), remembering whether any held rows — once the state machine has applied
+    /// them. openraft 0.9 purges the log up to a snapshot it received at once, concurrently
+    /// with the state machine installing it: done here, a crash in between would leave a
+    /// replica whose log starts past everything it applied, which openraft refuses to start
+    /// (and whose rows no snapshot here holds). So a purge past the applied entry waits
+    /// ([`PENDING_PURGE`]) for the install to record it (or is forgotten by a crash, leaving
+    /// the replica as it was before the snapshot came, to be sent it again).
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), SErr> {
         let write = || -> Result<(), redb::Error> {
             let tx = self.db.begin_write()?;
             if !current(&tx, self.range, self.inc)? {
                 return Ok(());
             }
-            let mut data = false;
-            {
-                let mut t = tx.open_table(LOG)?;
-                t.retain_in((self.range, 0)..=(self.range, log_id.index), |_, v| {
-                    if !data {
-                        let e: Entry<RangeConfig> =
-                            serde_json::from_slice(v).expect("log entries decode");
-                        data = matches!(e.payload, EntryPayload::Normal(_));
-                    }
-                    false
-                })?;
-            }
-            {
-                let mut m = tx.open_table(META)?;
+            let applied = {
+                let m = tx.open_table(META)?;
+                let v = m.get((self.range, APPLIED))?;
+                v.and_then(|v| serde_json::from_slice::<AppliedState>(v.value()).ok())
+                    .and_then(|(last, _)| last)
+                    .map_or(0, |l| l.index)
+            };
+            if applied < log_id.index {
                 let bytes = serde_json::to_vec(&log_id).expect("log ids serialize");
-                m.insert((self.range, PURGED), bytes.as_slice())?;
-                if data {
-                    m.insert((self.range, PURGED_DATA), b"true".as_slice())?;
-                }
+                tx.open_table(META)?
+                    .insert((self.range, PENDING_PURGE), bytes.as_slice())?;
+            } else {
+                purge_in(&tx, self.range, log_id)?;
             }
             tx.commit()?;
             Ok(())
         };
         crate::blocking::run(write).map_err(|e| io(e, StorageIOError::write_logs))
+    }
+}
+
+/// Removes `range`'s entries up to `log_id` in `tx` and records the purge (see
+/// [`LogStore::purge`]).
+fn purge_in(
+    tx: &redb::WriteTransaction,
+    range: u64,
+    log_id: LogId<u64>,
+) -> Result<(), redb::Error> {
+    let mut data = false;
+    {
+        let mut t = tx.open_table(LOG)?;
+        t.retain_in((range, 0)..=(range, log_id.index), |_, v| {
+            if !data {
+                let e: Entry<RangeConfig> = serde_json::from_slice(v).expect("log entries decode");
+                data = matches!(e.payload, EntryPayload::Normal(_));
+            }
+            false
+        })?;
+    }
+    let mut m = tx.open_table(META)?;
+    let pending = m
+        .get((range, PENDING_PURGE))?
+        .and_then(|v| serde_json::from_slice::<LogId<u64>>(v.value()).ok());
+    if pending.is_some_and(|p| p.index <= log_id.index) {
+        m.remove((range, PENDING_PURGE))?;
+    }
+    let bytes = serde_json::to_vec(&log_id).expect("log ids serialize");
+    m.insert((range, PURGED), bytes.as_slice())?;
+    if data {
+        m.insert((range, PURGED_DATA), b"true".as_slice())?;
+    }
+    Ok(())
+}
+
+/// Carries out a purge that waited for the state machine ([`LogStore::purge`]) once it has
+/// applied up to `applied`.
+fn purge_pending(tx: &redb::WriteTransaction, range: u64, applied: u64) -> Result<(), redb::Error> {
+    let pending = tx
+        .open_table(META)?
+        .get((range, PENDING_PURGE))?
+        .and_then(|v| serde_json::from_slice::<LogId<u64>>(v.value()).ok());
+    match pending {
+        Some(p) if p.index <= applied => purge_in(tx, range, p),
+        _ => Ok(()),
     }
 }
 
@@ -426,6 +474,15 @@ impl StateMachine {
         dir: &Path,
         stop: CancellationToken,
     ) -> anyhow::Result<StateMachine> {
+        // A purge that waited for a snapshot install a crash cut short is void: openraft
+        // starts from the log as it is and asks for the snapshot again.
+        crate::blocking::run(|| -> Result<(), redb::Error> {
+            let tx = db.begin_write()?;
+            if current(&tx, range, inc)? {
+                tx.open_table(META)?.remove((range, PENDING_PURGE))?;
+            }
+            Ok(tx.commit()?)
+        })?;
         let stored: Option<AppliedState> = get(&db, range, APPLIED)?;
         let (last, membership) = stored.unwrap_or_default();
         let (committed, _) = watch::channel(last.map_or(0, |l| l.index));
@@ -558,13 +615,25 @@ impl StateMachine {
     }
 }
 
+/// Logs a failed snapshot attempt: quietly at first (PostgreSQL starting, a schema change
+/// on its way), as a warning every 10 seconds once it lasts.
+fn retrying(range_id: u64, attempt: u64, what: &str, e: &str) {
+    if attempt.is_multiple_of(20) {
+        tracing::warn!(range_id, attempt, "{what}: {e}; retrying");
+    } else {
+        tracing::debug!(range_id, attempt, "{what}: {e}; retrying");
+    }
+}
+
 impl RaftSnapshotBuilder<RangeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<RangeConfig>, SErr> {
+        let mut attempt = 0;
         loop {
+            attempt += 1;
             match self.build().await {
                 Ok(s) => return Ok(s),
                 Err(e) => {
-                    tracing::debug!(range_id = self.range, "building a snapshot: {e}");
+                    retrying(self.range, attempt, "building a snapshot", &e);
                     tokio::select! {
                         _ = tokio::time::sleep(SNAPSHOT_RETRY) => {}
                         _ = self.stop.cancelled() => return Err(self.snapshot_error(e)),
@@ -623,6 +692,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             tx.set_durability(Durability::Eventual);
             tx.open_table(META)?
                 .insert((self.range, APPLIED), bytes.as_slice())?;
+            purge_pending(&tx, self.range, record.0.map_or(0, |l| l.index))?;
             {
                 let mut t = tx.open_table(DECISIONS)?;
                 for (i, gid, commit) in &decides {
@@ -667,7 +737,9 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                 &std::io::Error::other(e),
             ))
         })?;
+        let mut attempt = 0;
         loop {
+            attempt += 1;
             match self.source.install(&data).await {
                 Ok(installed) => {
                     tracing::info!(
@@ -680,7 +752,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!(range_id = self.range, "installing a snapshot: {e}");
+                    retrying(self.range, attempt, "installing a snapshot", &e);
                     tokio::select! {
                         _ = tokio::time::sleep(SNAPSHOT_RETRY) => {}
                         _ = self.stop.cancelled() => return Err(self.snapshot_error(e)),
@@ -688,6 +760,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                 }
             }
         }
+        crate::failpoint::hit(crate::failpoint::SNAPSHOT_AFTER_ROWS);
         if header.rows > 0 || !header.skip.is_empty() {
             put(&self.db, (self.range, self.inc), PURGED_DATA, &true, true)
                 .map_err(|e| io(e, StorageIOError::write))?;
@@ -700,8 +773,18 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         };
         put(&self.db, (self.range, self.inc), APPLIED, &record, true)
             .map_err(|e| io(e, StorageIOError::write))?;
+        crate::failpoint::hit(crate::failpoint::SNAPSHOT_BEFORE_KEEP);
         self.keep(meta, &data)?;
         let index = meta.last_log_id.map_or(0, |l| l.index);
+        let (range, inc) = (self.range, self.inc);
+        crate::blocking::run(|| -> Result<(), redb::Error> {
+            let tx = self.db.begin_write()?;
+            if current(&tx, range, inc)? {
+                purge_pending(&tx, range, index)?;
+            }
+            Ok(tx.commit()?)
+        })
+        .map_err(|e| io(e, StorageIOError::write_logs))?;
         self.committed.send_modify(|c| *c = (*c).max(index));
         Ok(())
     }

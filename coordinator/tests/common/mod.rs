@@ -116,9 +116,12 @@ impl Node {
 }
 
 /// A scratch directory the PostgreSQL OS user can traverse.
+/// A test's directory, removed when the test ends unless `PGMR_TEST_KEEP` is set (to read
+/// the nodes' `pgmr.log` after a failure).
 pub fn scratch(name: &str) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix(&format!("pgmr-test-{name}-"))
+        .disable_cleanup(std::env::var_os("PGMR_TEST_KEEP").is_some())
         .tempdir()
         .unwrap();
     use std::os::unix::fs::PermissionsExt;
