@@ -1306,10 +1306,16 @@ impl Handler for Node {
                 table,
                 partition,
                 schema_version,
+                after,
+                merge,
             } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move {
-                    r.serve_seed(from, &schema, &table, &partition, schema_version)
-                        .await
+                    let at = crate::range::SeedAt {
+                        schema_version,
+                        after,
+                        merge,
+                    };
+                    r.serve_seed(from, &schema, &table, &partition, at).await
                 }),
                 None => Box::pin(async move { not_ready() }),
             },

@@ -253,7 +253,11 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
 /// How many rows of `trips` in `region` this node's own PostgreSQL holds (replica mode: read
 /// here, not routed to the leaseholder).
 async fn local_rows(node: &Node, region: &str) -> i64 {
-    let mut c = connect(node, "split").await.unwrap();
+    local_rows_in(node, "split", region).await
+}
+
+async fn local_rows_in(node: &Node, database: &str, region: &str) -> i64 {
+    let mut c = connect(node, database).await.unwrap();
     exec(&mut c, "SET session_replication_role = replica").await;
     sqlx::query_scalar("SELECT count(*) FROM trips WHERE region::text = $1")
         .bind(region)
@@ -265,15 +269,18 @@ async fn local_rows(node: &Node, region: &str) -> i64 {
 /// A table that was one range (REGIONAL BY TABLE, its replicas in us-east1 only under
 /// PLACEMENT RESTRICTED) split into REGIONAL BY ROW partitions: the us-west1 partition's new
 /// range lives on nodes that never held the table's rows, and starts from the old range's
-/// rows as its leaseholder held them — every row stays reachable, on every replica.
+/// rows as its leaseholder held them, fetched in chunks — every row stays reachable, on every
+/// replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges_rows() {
     let dir = scratch("snapshots-split");
-    let nodes = start_cluster(
+    // Seeds travel in chunks of about 1 KB: the 50 rows of the us-west1 partition take several.
+    let nodes = start_cluster_with_env(
         dir.path(),
         49,
         WAN,
         &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
+        &[("PGMR_SEED_CHUNK_BYTES", "1000")],
     )
     .await;
     enable_replication(&nodes[0]).await;
@@ -327,6 +334,29 @@ async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges
         )
         .await;
     }
+    let chunks: Vec<u64> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.log()
+                .lines()
+                .filter(|l| {
+                    l.contains("seeded the new range with its rows") && l.contains("rows=50")
+                })
+                .filter_map(|l| {
+                    l.split("chunks=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+                .collect::<Vec<u64>>()
+        })
+        .collect();
+    assert!(
+        chunks.iter().any(|c| *c > 1),
+        "the us-west1 partition's seed came in several chunks: {chunks:?}"
+    );
     // Through every node, every row (routed to each partition's leaseholder), and writes.
     for (i, n) in nodes.iter().enumerate() {
         let count: i64 = eventually(
@@ -487,6 +517,152 @@ async fn a_replica_that_dies_while_installing_a_snapshot_starts_again_and_catche
         !log.contains("starting the range replica"),
         "every replica of node 4 started at once:\n{log}"
     );
+    let out = pgmr_ok(&[
+        "debug",
+        "check-consistency",
+        "--data-dir",
+        nodes[0].data_dir.to_str().unwrap(),
+    ]);
+    assert!(!out.contains("DIFFERS"), "{out}");
+}
+
+/// How many rows of `trips` this node's own PostgreSQL holds (replica mode).
+async fn local_count(node: &Node) -> i64 {
+    let mut c = connect(node, "merge").await.unwrap();
+    exec(&mut c, "SET session_replication_role = replica").await;
+    sqlx::query_scalar("SELECT count(*) FROM trips")
+        .fetch_one(&mut c)
+        .await
+        .unwrap()
+}
+
+/// A REGIONAL BY ROW table whose partitions live in their own regions only (PLACEMENT
+/// RESTRICTED) made one range again (REGIONAL BY TABLE in the primary region): the new range's
+/// replica (the us-east1 node, which never held the us-west1 rows) starts from every old
+/// partition's rows as each partition's leaseholder held them, fetched in chunks — no row is
+/// lost. The rows kept for the merge are dropped once the old ranges are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_merged_into_one_range_starts_from_every_partitions_rows() {
+    let dir = scratch("snapshots-merge");
+    let nodes = start_cluster_with_env(
+        dir.path(),
+        51,
+        WAN,
+        &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
+        &[("PGMR_SEED_CHUNK_BYTES", "1000")],
+    )
+    .await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE merge").await;
+    let mut m = eventually("database merge", Duration::from_secs(30), || {
+        connect(&nodes[0], "merge")
+    })
+    .await;
+    execute_all(
+        &mut m,
+        &[
+            r#"ALTER DATABASE merge PRIMARY REGION "us-east1""#,
+            r#"ALTER DATABASE merge ADD REGION "us-west1""#,
+            "ALTER DATABASE merge PLACEMENT RESTRICTED",
+            "CREATE TABLE trips (id int PRIMARY KEY, city text NOT NULL, \
+             region crdb_internal_region NOT NULL AS (CASE WHEN city = 'seattle' THEN 'us-west1' \
+             ELSE 'us-east1' END) STORED) LOCALITY REGIONAL BY ROW AS region",
+        ],
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for region in ["us-east1", "us-west1"] {
+        let city = if region == "us-west1" {
+            "seattle"
+        } else {
+            "new york"
+        };
+        let base = if region == "us-west1" { 0 } else { 1000 };
+        while let Err(e) = sqlx::raw_sql(&format!(
+            "INSERT INTO trips SELECT {base} + g, '{city}' FROM generate_series(1, 50) g"
+        ))
+        .execute(&mut m)
+        .await
+        {
+            assert!(std::time::Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Each partition lives in its region only: the us-east1 node holds none of us-west1's rows.
+    for n in &nodes[1..] {
+        eventually(
+            "the us-west1 rows on the us-west1 replicas",
+            Duration::from_secs(30),
+            || async { (local_rows_in(n, "merge", "us-west1").await == 50).then_some(()) },
+        )
+        .await;
+    }
+    assert_eq!(local_rows_in(&nodes[0], "merge", "us-west1").await, 0);
+
+    execute_all(
+        &mut m,
+        &["ALTER TABLE trips SET LOCALITY REGIONAL BY TABLE IN PRIMARY REGION"],
+    )
+    .await;
+    // The one range's only replica (us-east1, PLACEMENT RESTRICTED) has every row.
+    eventually(
+        "every row on the merged range's replica",
+        Duration::from_secs(60),
+        || async { (local_count(&nodes[0]).await == 100).then_some(()) },
+    )
+    .await;
+    for (i, n) in nodes.iter().enumerate() {
+        let count: i64 = eventually(
+            "every row through every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "merge").await?;
+                sqlx::query_scalar("SELECT count(*) FROM trips")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+        assert_eq!(count, 100, "node {}", i + 1);
+    }
+    let merged: Vec<String> = nodes[0]
+        .log()
+        .lines()
+        .filter(|l| l.contains("seeded the new range with its rows") && l.contains("merge="))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        merged
+            .iter()
+            .any(|l| l.contains("rows=100") && !l.contains("chunks=1 ")),
+        "the merged range was seeded with every row, in chunks: {merged:?}"
+    );
+    let mut w = connect(&nodes[1], "merge").await.unwrap();
+    exec(&mut w, "INSERT INTO trips VALUES (5000, 'seattle')").await;
+    eventually(
+        "the new row on the merged range's replica",
+        Duration::from_secs(30),
+        || async { (local_count(&nodes[0]).await == 101).then_some(()) },
+    )
+    .await;
+    // The rows kept for the merge go once the old ranges are gone (swept every 30 s).
+    for n in &nodes {
+        eventually(
+            "the rows kept for the merge dropped",
+            Duration::from_secs(90),
+            || async {
+                let mut c = connect(n, "merge").await?;
+                let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM multiregion.merge_seed")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()?;
+                (kept == 0).then_some(())
+            },
+        )
+        .await;
+    }
     let out = pgmr_ok(&[
         "debug",
         "check-consistency",

@@ -864,7 +864,18 @@ CREATE TABLE multiregion.range_txns (
     txn_id text PRIMARY KEY,
     recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
-REVOKE ALL ON multiregion.range_state, multiregion.range_txns FROM PUBLIC;
+-- The rows a REGIONAL BY ROW table had here, by region, when it stopped being REGIONAL BY
+-- ROW: its partitions' ranges become one range, whose bootstrapper fetches each old
+-- partition's rows from that partition's leaseholder's copy here (docs/ARCHITECTURE.md §8.2,
+-- merges). pgmr clears a table's rows once its old ranges are gone.
+CREATE TABLE multiregion.merge_seed (
+    id bigserial PRIMARY KEY,
+    schema_name text NOT NULL,
+    table_name text NOT NULL,
+    region text NOT NULL,
+    row_data jsonb NOT NULL
+);
+REVOKE ALL ON multiregion.range_state, multiregion.range_txns, multiregion.merge_seed FROM PUBLIC;
 GRANT SELECT ON multiregion.range_state TO PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION multiregion.capture(oid, text, text, text) FROM PUBLIC;

@@ -6,8 +6,10 @@
 //! what differs: a missing range is created, a range whose replicas should change gets a new
 //! generation (compare-and-set, so a racing leader cannot undo it), a range whose table or
 //! partition is gone is dropped — once no new range still has to seed itself from its rows
-//! (a table split into REGIONAL BY ROW partitions: [`mr_meta::RangeDescriptor::seed`]). Region, survival, placement and locality changes, nodes
-//! joining, dying or leaving all reach the descriptors this way; nothing else writes them.
+//! (a table split into REGIONAL BY ROW partitions: [`mr_meta::RangeDescriptor::seed`]; one
+//! that becomes one range again: [`mr_meta::RangeDescriptor::merge`]). Region, survival,
+//! placement and locality changes, nodes joining, dying or leaving all reach the descriptors
+//! this way; nothing else writes them.
 
 use super::Meta;
 use mr_meta::{Command, MetaState, NodeStatus, RangeDescriptor, ReplicaKind, TableRef};
@@ -26,6 +28,7 @@ pub enum RangeChange {
         partition: Option<String>,
         replicas: Vec<mr_meta::Replica>,
         seed: Option<u64>,
+        merge: Vec<u64>,
     },
     Replace {
         range: RangeDescriptor,
@@ -70,18 +73,28 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
                 }
                 match existing {
                     None => {
-                        // A partition of a table that was one range starts from its rows.
+                        // A partition of a table that was one range starts from its rows;
+                        // a table that was partitioned, from its partitions' rows.
                         let seed = partition.as_ref().and_then(|_| {
                             state
                                 .ranges()
                                 .find(|r| &r.table == table && r.partition.is_none())
                                 .map(|r| r.range_id)
                         });
+                        let merge = match partition {
+                            Some(_) => vec![],
+                            None => state
+                                .ranges()
+                                .filter(|r| &r.table == table && r.partition.is_some())
+                                .map(|r| r.range_id)
+                                .collect(),
+                        };
                         changes.push(RangeChange::Create {
                             table: table.clone(),
                             partition,
                             replicas: a.replicas,
                             seed,
+                            merge,
                         })
                     }
                     Some(r) if !same_replicas(&r.replicas, &a.replicas) => {
@@ -98,15 +111,15 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
     // replicas and leaseholder until then.
     let seeds: BTreeSet<u64> = changes
         .iter()
-        .filter_map(|c| match c {
-            RangeChange::Create { seed, .. } => *seed,
-            _ => None,
+        .flat_map(|c| match c {
+            RangeChange::Create { seed, merge, .. } => seed.iter().chain(merge).copied().collect(),
+            _ => vec![],
         })
         .chain(
             state
                 .ranges()
                 .filter(|q| q.bootstrapped_by.is_none())
-                .filter_map(|q| q.seed),
+                .flat_map(|q| q.seed.iter().chain(&q.merge).copied().collect::<Vec<_>>()),
         )
         .collect();
     for r in state.ranges() {
@@ -136,11 +149,13 @@ impl Meta {
                     partition,
                     replicas,
                     seed,
+                    merge,
                 } => Command::CreateRange {
                     table,
                     partition,
                     replicas,
                     seed,
+                    merge,
                 },
                 RangeChange::Replace { range } => Command::PutRange {
                     expected_generation: Some(range.generation),

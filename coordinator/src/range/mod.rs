@@ -44,6 +44,7 @@ use mr_wire::local::{PrepareAs, TargetWrite};
 use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use redb::Database;
+pub use snapshot::SeedAt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -369,6 +370,7 @@ impl Ranges {
     /// Keeps this node's groups as the descriptors say, until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         tokio::spawn(self.clone().run_session_upkeep(stop.clone()));
+        tokio::spawn(self.clone().run_merge_seed_sweep(stop.clone()));
         let mut tick = tokio::time::interval(MANAGE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -655,18 +657,19 @@ impl Ranges {
                 None if preferred == Some(self.me) => {
                     // A partition split from a table's range starts from that range's rows
                     // as its leaseholder holds them, not from this node's copy.
-                    if d.seed.is_some() && !g.seeded.load(Ordering::SeqCst) {
+                    if (d.seed.is_some() || !d.merge.is_empty()) && !g.seeded.load(Ordering::SeqCst)
+                    {
                         if !g.seeding.swap(true, Ordering::SeqCst) {
                             let (ranges, d, g2) = (self.clone(), d.clone(), self.group(d.range_id));
                             tokio::spawn(async move {
                                 let Some(g) = g2 else { return };
                                 match ranges.seed(&d).await {
-                                    Ok(rows) => {
-                                        tracing::info!(range_id = d.range_id, from = ?d.seed, rows, "seeded the new range with its rows");
+                                    Ok((rows, chunks)) => {
+                                        tracing::info!(range_id = d.range_id, from = ?d.seed, merge = ?d.merge, rows, chunks, "seeded the new range with its rows");
                                         g.seeded.store(true, Ordering::SeqCst);
                                     }
                                     Err(e) => {
-                                        tracing::warn!(range_id = d.range_id, from = ?d.seed, "seeding the new range: {e}; retrying")
+                                        tracing::warn!(range_id = d.range_id, from = ?d.seed, merge = ?d.merge, "seeding the new range: {e}; retrying")
                                     }
                                 }
                                 g.seeding.store(false, Ordering::SeqCst);

@@ -238,7 +238,7 @@ impl Source {
             let _ = c.close().await;
             return r.map(|_| false);
         }
-        let r = self.install_on(&mut c, &header, rows).await;
+        let r = self.install_on(&mut c, &header, rows, false).await;
         if r.is_err() {
             let _ = sqlx::query("ROLLBACK").execute(&mut c).await;
         }
@@ -251,24 +251,26 @@ impl Source {
         c: &mut PgConnection,
         h: &Header,
         rows: &[u8],
+        append: bool,
     ) -> Result<bool, Error> {
         let range_id = h.range_id;
         let e = |e: sqlx::Error| format!("installing a snapshot of range {range_id}: {e}");
         sqlx::query("BEGIN").execute(&mut *c).await.map_err(e)?;
         let skip: Vec<i64> = h.skip.iter().map(|i| *i as i64).collect();
-        let go: bool = sqlx::query_scalar(
-            "SELECT multiregion.begin_range_install($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(range_id as i64)
-        .bind(&self.table.schema)
-        .bind(&self.table.table)
-        .bind(&self.partition)
-        .bind(h.index as i64)
-        .bind(h.schema_version as i64)
-        .bind(&skip)
-        .fetch_one(&mut *c)
-        .await
-        .map_err(e)?;
+        let go: bool = append
+            || sqlx::query_scalar(
+                "SELECT multiregion.begin_range_install($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(range_id as i64)
+            .bind(&self.table.schema)
+            .bind(&self.table.table)
+            .bind(&self.partition)
+            .bind(h.index as i64)
+            .bind(h.schema_version as i64)
+            .bind(&skip)
+            .fetch_one(&mut *c)
+            .await
+            .map_err(e)?;
         if !go {
             sqlx::query("ROLLBACK").execute(&mut *c).await.map_err(e)?;
             return Ok(false);
@@ -311,8 +313,33 @@ impl Source {
     }
 }
 
-/// A seed larger than this is refused (it travels as one peer message).
-const SEED_LIMIT: usize = 12 << 20;
+/// A seed travels in chunks of about this many bytes of rows (one peer message each, well
+/// inside the 16 MiB frame once escaped). `PGMR_SEED_CHUNK_BYTES` overrides it (tests).
+const SEED_CHUNK: usize = 4 << 20;
+
+fn seed_chunk_bytes() -> usize {
+    std::env::var("PGMR_SEED_CHUNK_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(SEED_CHUNK)
+}
+
+/// What a seed request asks of the old range's leaseholder ([`mr_wire::peer::PeerRequest::RangeSeed`]).
+#[derive(Debug, Clone, Default)]
+pub struct SeedAt {
+    /// The schema version the new range's bootstrapper has (the split or merge).
+    pub schema_version: u64,
+    /// Where the previous chunk ended.
+    pub after: Option<String>,
+    /// The partition's rows as kept when the table stopped being REGIONAL BY ROW.
+    pub merge: bool,
+}
+
+/// Rows a seed chunk fetches from its cursor at a time: up to 500, fewer for a small chunk.
+fn seed_fetch(budget: usize) -> usize {
+    (budget / 8192).clamp(1, 500)
+}
 
 impl Source {
     /// The database's multi-region schema version here.
@@ -326,30 +353,125 @@ impl Source {
         Ok(r?.max(0) as u64)
     }
 
-    /// This node's rows of the source's (table, partition), one `to_jsonb` text per line.
-    pub async fn rows(&self) -> Result<String, Error> {
+    /// One chunk of this node's rows of the source's (table, partition), one `to_jsonb` text
+    /// per line, in physical order from after tuple `after`; and where the next chunk starts
+    /// (`None`: none is left). Only for rows nobody writes any more (a split's old range,
+    /// frozen once this node applied the split): chunks are read in separate transactions.
+    pub async fn seed_chunk(&self, after: Option<&str>) -> Result<(String, Option<String>), Error> {
         let mut c = self.connect().await?;
-        let r = async {
-            let relation = self.relation(&mut c).await.map_err(|e| e.to_string())?;
-            let mut out = Vec::new();
-            match Self::read_rows(&mut c, &relation, &mut out, SEED_LIMIT).await {
-                Ok(Some(_)) => String::from_utf8(out).map_err(|e| e.to_string()),
-                Ok(None) => Err(format!(
-                    "the rows of {}.{} partition {:?} exceed {SEED_LIMIT} bytes, the most a new range can be seeded with",
-                    self.table.schema, self.table.table, self.partition
-                )),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-        .await;
+        let r = self.seed_chunk_on(&mut c, after).await;
         let _ = c.close().await;
         r
+    }
+
+    async fn seed_chunk_on(
+        &self,
+        c: &mut PgConnection,
+        after: Option<&str>,
+    ) -> Result<(String, Option<String>), Error> {
+        let e = |e: sqlx::Error| {
+            format!(
+                "reading the rows of {}.{}: {e}",
+                self.table.schema, self.table.table
+            )
+        };
+        let relation = self.relation(&mut *c).await.map_err(e)?;
+        sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *c)
+            .await
+            .map_err(e)?;
+        // `relation` is a regclass's text: already quoted. A TID range scan starts where
+        // the previous chunk ended; the cursor sorts what is left once.
+        sqlx::query(&format!(
+            "DECLARE seed NO SCROLL CURSOR FOR SELECT t.ctid::text, to_jsonb(t)::text FROM {relation} t \
+             WHERE t.ctid > $1::tid ORDER BY t.ctid"
+        ))
+        .bind(after.unwrap_or("(0,0)"))
+        .execute(&mut *c)
+        .await
+        .map_err(e)?;
+        let budget = seed_chunk_bytes();
+        let fetch = seed_fetch(budget);
+        let mut out = String::new();
+        let mut last = None;
+        let mut more = true;
+        while out.len() < budget {
+            let rows: Vec<(String, String)> = sqlx::query_as(&format!("FETCH {fetch} FROM seed"))
+                .fetch_all(&mut *c)
+                .await
+                .map_err(e)?;
+            if rows.len() < fetch {
+                more = false;
+            }
+            for (ctid, row) in rows {
+                out.push_str(&row);
+                out.push('\n');
+                last = Some(ctid);
+            }
+            if !more {
+                break;
+            }
+        }
+        sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
+        Ok((out, if more { last } else { None }))
     }
 
     /// Replaces this node's rows of new range `range_id` by `rows` (from [`Source::rows`] on
     /// the node that held them), its cursor at 0: what the range's bootstrapper does before it
     /// initializes the group, whose first snapshot then carries them to every other replica.
-    pub async fn install_seed(&self, range_id: u64, rows: &str) -> Result<(), Error> {
+    /// One chunk of the rows region `region` of the source's table had here when the table
+    /// stopped being REGIONAL BY ROW (`multiregion.merge_seed`, kept by the conversion), in
+    /// the order they were kept, from after row `after`; and where the next chunk starts.
+    pub async fn merge_chunk(
+        &self,
+        region: &str,
+        after: Option<&str>,
+    ) -> Result<(String, Option<String>), Error> {
+        let mut c = self.connect().await?;
+        let budget = seed_chunk_bytes();
+        let fetch = seed_fetch(budget);
+        let mut last: i64 = after.and_then(|a| a.parse().ok()).unwrap_or(0);
+        let mut out = String::new();
+        let mut more = true;
+        let r = async {
+            while out.len() < budget {
+                let rows: Vec<(i64, String)> = sqlx::query_as(
+                    "SELECT id, row_data::text FROM multiregion.merge_seed \
+                     WHERE schema_name = $1 AND table_name = $2 AND region = $3 AND id > $4 \
+                     ORDER BY id LIMIT $5",
+                )
+                .bind(&self.table.schema)
+                .bind(&self.table.table)
+                .bind(region)
+                .bind(last)
+                .bind(fetch as i64)
+                .fetch_all(&mut c)
+                .await?;
+                more = rows.len() == fetch;
+                for (id, row) in rows {
+                    out.push_str(&row);
+                    out.push('\n');
+                    last = id;
+                }
+                if !more {
+                    break;
+                }
+            }
+            Ok::<(), sqlx::Error>(())
+        }
+        .await;
+        let _ = c.close().await;
+        r.map_err(|e| {
+            format!(
+                "reading the kept rows of {}.{}: {e}",
+                self.table.schema, self.table.table
+            )
+        })?;
+        Ok((out, more.then(|| last.to_string())))
+    }
+
+    /// With `append`, a later chunk of the same seed: added to the rows already there.
+    pub async fn install_seed(&self, range_id: u64, rows: &str, append: bool) -> Result<(), Error> {
         let header = Header {
             range_id,
             index: 0,
@@ -358,7 +480,9 @@ impl Source {
             rows: rows.lines().count() as u64,
         };
         let mut c = self.connect().await?;
-        let r = self.install_on(&mut c, &header, rows.as_bytes()).await;
+        let r = self
+            .install_on(&mut c, &header, rows.as_bytes(), append)
+            .await;
         if r.is_err() {
             let _ = sqlx::query("ROLLBACK").execute(&mut c).await;
         }
@@ -393,86 +517,122 @@ impl super::Ranges {
         }
     }
 
-    /// Fetches and installs the rows new range `d` starts from (its seed range's leaseholder's
-    /// rows of `d`'s partition); the number of rows.
-    pub(super) async fn seed(&self, d: &mr_meta::RangeDescriptor) -> Result<u64, Error> {
-        let from = d.seed.ok_or("the range has no seed")?;
+    /// Fetches and installs the rows new range `d` starts from: a split partition's rows
+    /// from its seed range's leaseholder, or a merged table's rows from each old partition
+    /// range's leaseholder; the number of rows and of chunks they came in.
+    pub(super) async fn seed(&self, d: &mr_meta::RangeDescriptor) -> Result<(u64, u64), Error> {
         if !self.enabled() {
-            return Ok(0);
+            return Ok((0, 0));
         }
-        let partition = d.partition.clone().ok_or("only partitions are seeded")?;
         let here = self.source(d.table.clone(), d.partition.clone());
         let schema_version = here.schema_version().await?;
-        let (holder, replicated, addr) = self.meta.read(|s| {
-            let holder = s.lease(from).map(|l| l.holder);
-            let replicated = s.range(from).is_some_and(|r| r.bootstrapped_by.is_some());
-            let addr = holder.and_then(|h| s.node(h)).map(|n| n.rpc_addr.clone());
-            (holder, replicated, addr)
-        });
-        let answer = match holder {
-            // The old range never had a group (it replicated no rows), or is gone.
-            None if !replicated => {
-                tracing::warn!(
-                    range_id = d.range_id,
-                    from,
-                    "the seed range holds no replicated rows; starting from this node's copy"
-                );
-                return Ok(0);
-            }
-            None => return Err(format!("range {from} has no leaseholder yet")),
-            Some(h) if h == self.me => {
-                self.serve_seed(
-                    from,
-                    &d.table.schema,
-                    &d.table.table,
-                    &partition,
+        // (old range, its partition, a merge)
+        let sources: Vec<(u64, String, bool)> = if d.merge.is_empty() {
+            let from = d.seed.ok_or("the range has no seed")?;
+            let partition = d.partition.clone().ok_or("only partitions are seeded")?;
+            vec![(from, partition, false)]
+        } else {
+            self.meta.read(|s| {
+                d.merge
+                    .iter()
+                    .filter_map(|q| Some((*q, s.range(*q)?.partition.clone()?, true)))
+                    .collect()
+            })
+        };
+        // Chunk by chunk, source by source: the first chunk replaces this node's rows, the
+        // others add to them. A failure anywhere starts the seed over (the range is not
+        // initialized before the last chunk is in).
+        let (mut total, mut chunks, mut first) = (0u64, 0u64, true);
+        for (from, partition, merge) in sources {
+            let (holder, replicated, addr) = self.meta.read(|s| {
+                let holder = s.lease(from).map(|l| l.holder);
+                let replicated = s.range(from).is_some_and(|r| r.bootstrapped_by.is_some());
+                let addr = holder.and_then(|h| s.node(h)).map(|n| n.rpc_addr.clone());
+                (holder, replicated, addr)
+            });
+            let holder = match holder {
+                // The old range never had a group (it replicated no rows).
+                None if !replicated => {
+                    tracing::warn!(
+                        range_id = d.range_id,
+                        from,
+                        "the seed range holds no replicated rows; nothing to seed from it"
+                    );
+                    continue;
+                }
+                None => return Err(format!("range {from} has no leaseholder yet")),
+                Some(h) => h,
+            };
+            if holder == self.me && !merge {
+                // This node's rows of the partition are the seed already (and reading them
+                // in chunks while replacing them would read its own writes).
+                let at = SeedAt {
                     schema_version,
-                )
-                .await
+                    ..SeedAt::default()
+                };
+                self.seed_ready(from, &d.table.schema, &d.table.table, &partition, &at)
+                    .await?;
+                return Ok((0, 0));
             }
-            Some(h) => {
-                let addr = addr.ok_or_else(|| format!("node {h} is unknown"))?;
-                self.transport
-                    .call(
-                        &addr,
-                        mr_wire::peer::PeerRequest::RangeSeed {
-                            from,
-                            schema: d.table.schema.clone(),
-                            table: d.table.table.clone(),
-                            partition: partition.clone(),
-                            schema_version,
-                        },
-                        SEED_WAIT * 3,
-                    )
-                    .await
-                    .map_err(|e| format!("asking node {h} for the rows: {e}"))?
+            let mut after: Option<String> = None;
+            loop {
+                let at = SeedAt {
+                    schema_version,
+                    after: after.clone(),
+                    merge,
+                };
+                let answer = if holder == self.me {
+                    self.serve_seed(from, &d.table.schema, &d.table.table, &partition, at)
+                        .await
+                } else {
+                    let addr = addr
+                        .clone()
+                        .ok_or_else(|| format!("node {holder} is unknown"))?;
+                    let request = mr_wire::peer::PeerRequest::RangeSeed {
+                        from,
+                        schema: d.table.schema.clone(),
+                        table: d.table.table.clone(),
+                        partition: partition.clone(),
+                        schema_version,
+                        after: at.after,
+                        merge,
+                    };
+                    self.transport
+                        .call(&addr, request, SEED_WAIT * 3)
+                        .await
+                        .map_err(|e| format!("asking node {holder} for the rows: {e}"))?
+                };
+                let (rows, next) = match answer {
+                    mr_wire::peer::PeerResponse::SeedRows { rows, next } => (rows, next),
+                    mr_wire::peer::PeerResponse::Error { message, .. } => return Err(message),
+                    other => return Err(format!("unexpected answer {other:?}")),
+                };
+                here.install_seed(d.range_id, &rows, !first).await?;
+                first = false;
+                total += rows.lines().count() as u64;
+                chunks += 1;
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
             }
-        };
-        let rows = match answer {
-            mr_wire::peer::PeerResponse::SeedRows { rows } => rows,
-            mr_wire::peer::PeerResponse::Error { message, .. } => return Err(message),
-            other => return Err(format!("unexpected answer {other:?}")),
-        };
-        here.install_seed(d.range_id, &rows).await?;
-        Ok(rows.lines().count() as u64)
+        }
+        Ok((total, chunks))
     }
 
     /// Serves a new range's request for its rows: as the leaseholder of `from`, once this
-    /// node has applied the split (after which it takes no writes into `from`) and every
-    /// committed entry of `from`.
+    /// node has applied the split or merge (after which it takes no writes into `from`) and
+    /// every committed entry of `from`.
     pub async fn serve_seed(
         &self,
         from: u64,
         schema: &str,
         table: &str,
         partition: &str,
-        schema_version: u64,
+        at: SeedAt,
     ) -> mr_wire::peer::PeerResponse {
-        match self
-            .seed_rows(from, schema, table, partition, schema_version)
-            .await
-        {
-            Ok(rows) => mr_wire::peer::PeerResponse::SeedRows { rows },
+        match self.seed_rows(from, schema, table, partition, at).await {
+            Ok((rows, next)) => mr_wire::peer::PeerResponse::SeedRows { rows, next },
             Err(message) => mr_wire::peer::PeerResponse::Error {
                 message,
                 retryable: true,
@@ -486,8 +646,28 @@ impl super::Ranges {
         schema: &str,
         table: &str,
         partition: &str,
-        schema_version: u64,
-    ) -> Result<String, Error> {
+        at: SeedAt,
+    ) -> Result<(String, Option<String>), Error> {
+        let src = self.seed_ready(from, schema, table, partition, &at).await?;
+        if at.merge {
+            src.merge_chunk(partition, at.after.as_deref()).await
+        } else {
+            src.seed_chunk(at.after.as_deref()).await
+        }
+    }
+
+    /// Waits until this node, the leaseholder of `from`, can serve a seed of `partition`:
+    /// it has applied the split and every committed entry of `from`. Its rows of the
+    /// partition are then the new range's.
+    async fn seed_ready(
+        &self,
+        from: u64,
+        schema: &str,
+        table: &str,
+        partition: &str,
+        at: &SeedAt,
+    ) -> Result<Source, Error> {
+        let schema_version = at.schema_version;
         let g = self
             .group(from)
             .ok_or_else(|| format!("node {} holds no replica of range {from}", self.me))?;
@@ -526,7 +706,85 @@ impl super::Ranges {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        src.rows().await
+        Ok(src)
+    }
+}
+
+/// How often a node looks for rows kept for merges that are done.
+const MERGE_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl super::Ranges {
+    /// Drops rows kept for merges (`multiregion.merge_seed`) once they cannot be asked for
+    /// any more, every [`MERGE_SWEEP_EVERY`] until `stop`.
+    pub(super) async fn run_merge_seed_sweep(
+        self: std::sync::Arc<Self>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let mut tick = tokio::time::interval(MERGE_SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            self.sweep_merge_seeds().await;
+        }
+    }
+
+    /// A table's kept rows go once it is gone or REGIONAL BY ROW again, or once none of its
+    /// partition ranges is left (the merged range is bootstrapped; the meta group keeps
+    /// them until then).
+    async fn sweep_merge_seeds(&self) {
+        if self.pg.ready_pid().is_none() {
+            return;
+        }
+        let databases: Vec<String> = self
+            .meta
+            .read(|s| s.catalog().map(|(db, _)| db.clone()).collect());
+        for database in databases {
+            let Ok(mut c) = self
+                .pg_cfg
+                .connect_options(&database)
+                .application_name(APPLICATION_NAME)
+                .connect()
+                .await
+            else {
+                continue;
+            };
+            let kept: Vec<(String, String)> = sqlx::query_as(
+                "SELECT DISTINCT schema_name, table_name FROM multiregion.merge_seed",
+            )
+            .fetch_all(&mut c)
+            .await
+            .unwrap_or_default();
+            for (schema, table) in kept {
+                let t = TableRef {
+                    database: database.clone(),
+                    schema,
+                    table,
+                };
+                let wanted = self.meta.read(|s| {
+                    !matches!(
+                        s.table_locality(&t),
+                        None | Some(mr_meta::TableLocality::RegionalByRow { .. })
+                    ) && s.ranges().any(|r| r.table == t && r.partition.is_some())
+                });
+                if wanted {
+                    continue;
+                }
+                let r = sqlx::query(
+                    "DELETE FROM multiregion.merge_seed WHERE schema_name = $1 AND table_name = $2",
+                )
+                .bind(&t.schema)
+                .bind(&t.table)
+                .execute(&mut c)
+                .await;
+                if let Err(e) = r {
+                    tracing::debug!(table = %t.table, "dropping rows kept for a merge: {e}");
+                }
+            }
+            let _ = c.close().await;
+        }
     }
 }
 

@@ -100,6 +100,11 @@ pub struct RangeDescriptor {
     /// from that range's leaseholder first, and the old range is kept until it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<RangeId>,
+    /// The ranges whose rows this one starts from together: a REGIONAL BY ROW table's
+    /// partition ranges when it becomes one range again. Its bootstrapper fetches each
+    /// partition's rows from that range's leaseholder, and they are kept until it has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merge: Vec<RangeId>,
 }
 
 /// The right to serve a range's reads and writes until `expiration_ms`.

@@ -56,6 +56,9 @@ pub enum Command {
         /// The range whose rows it starts from ([`RangeDescriptor::seed`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seed: Option<RangeId>,
+        /// The ranges whose rows it starts from together ([`RangeDescriptor::merge`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        merge: Vec<RangeId>,
     },
     /// Names the node that initializes the range's Raft group, unless one is named already.
     BootstrapRange {
@@ -540,6 +543,7 @@ impl MetaState {
                 partition,
                 replicas,
                 seed,
+                merge,
             } => {
                 if let Some(existing) = self
                     .ranges
@@ -565,6 +569,11 @@ impl MetaState {
                     generation: 1,
                     bootstrapped_by: None,
                     seed: seed.filter(|s| self.ranges.contains_key(s)),
+                    merge: merge
+                        .iter()
+                        .copied()
+                        .filter(|m| self.ranges.contains_key(m))
+                        .collect(),
                 };
                 self.next_range_id = id + 1;
                 self.ranges.insert(range.range_id, range.clone());
@@ -616,6 +625,7 @@ impl MetaState {
                 if let Some(stored) = self.ranges.get(&range.range_id) {
                     next.bootstrapped_by = stored.bootstrapped_by;
                     next.seed = stored.seed;
+                    next.merge = stored.merge.clone();
                 }
                 self.ranges.insert(range.range_id, next);
                 Ok(Outcome::Done)

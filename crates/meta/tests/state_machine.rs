@@ -60,6 +60,7 @@ fn range(replicas: &[(u64, ReplicaKind)]) -> RangeDescriptor {
         generation: 0,
         bootstrapped_by: None,
         seed: None,
+        merge: vec![],
     }
 }
 
@@ -828,6 +829,7 @@ fn write_golden() {
             partition: Some("us-west1".into()),
             replicas: vec![replica(2, Voter)],
             seed: None,
+            merge: vec![],
         },
     );
     propose(
@@ -881,6 +883,7 @@ fn ranges_are_created_once_per_table_partition_and_dropped_with_their_lease() {
         partition: Some(partition.into()),
         replicas: vec![replica(node, Voter)],
         seed: None,
+        merge: vec![],
     };
     let first = propose(&mut s, 1, create("us-east1", 1));
     let Outcome::Range { range } = first else {
@@ -962,6 +965,7 @@ fn a_range_is_bootstrapped_by_one_node_only() {
             partition: None,
             replicas: vec![replica(1, Voter), replica(2, Voter)],
             seed: None,
+            merge: vec![],
         },
     ) else {
         panic!()
@@ -1006,6 +1010,7 @@ fn a_new_partition_range_remembers_the_range_it_is_seeded_from() {
             partition: None,
             replicas: vec![replica(1, Voter)],
             seed: None,
+            merge: vec![],
         },
     ) else {
         panic!()
@@ -1018,6 +1023,7 @@ fn a_new_partition_range_remembers_the_range_it_is_seeded_from() {
             partition: Some("us-east1".into()),
             replicas: vec![replica(2, Voter)],
             seed: Some(whole.range_id),
+            merge: vec![],
         },
     ) else {
         panic!()
@@ -1040,11 +1046,60 @@ fn a_new_partition_range_remembers_the_range_it_is_seeded_from() {
             partition: Some("us-west1".into()),
             replicas: vec![replica(2, Voter)],
             seed: Some(999),
+            merge: vec![],
         },
     ) else {
         panic!()
     };
     assert_eq!(other.seed, None);
+}
+
+/// A table's range made from its partitions' ranges names them (those that exist) as the
+/// ranges it merges, and keeps them through descriptor updates.
+#[test]
+fn a_merged_range_remembers_the_partition_ranges_it_starts_from() {
+    use ReplicaKind::*;
+    let mut s = cluster();
+    let mut parts = vec![];
+    for (i, region) in ["us-east1", "us-west1"].into_iter().enumerate() {
+        let Outcome::Range { range } = propose(
+            &mut s,
+            1 + i as u64,
+            Command::CreateRange {
+                table: table(),
+                partition: Some(region.into()),
+                replicas: vec![replica(1, Voter)],
+                seed: None,
+                merge: vec![],
+            },
+        ) else {
+            panic!()
+        };
+        parts.push(range.range_id);
+    }
+    let Outcome::Range { range: whole } = propose(
+        &mut s,
+        3,
+        Command::CreateRange {
+            table: table(),
+            partition: None,
+            replicas: vec![replica(2, Voter)],
+            seed: None,
+            merge: vec![parts[0], parts[1], 999],
+        },
+    ) else {
+        panic!()
+    };
+    assert_eq!(whole.merge, parts);
+    let mut next = whole.clone();
+    next.merge = vec![];
+    next.replicas.push(replica(3, NonVoter));
+    let put = Command::PutRange {
+        expected_generation: Some(next.generation),
+        range: next,
+    };
+    assert_eq!(propose(&mut s, 4, put), Outcome::Done);
+    assert_eq!(s.range(whole.range_id).unwrap().merge, parts);
 }
 
 /// Format 5 (databases dropped cluster-wide) reads back from its golden file.
@@ -1089,6 +1144,7 @@ fn a_dropped_database_is_forgotten_and_starts_again_at_version_zero() {
             partition: None,
             replicas: vec![replica(1, Voter)],
             seed: None,
+            merge: vec![],
         },
     );
     assert_eq!(s.ranges().count(), 1);

@@ -88,6 +88,13 @@ pub enum PeerRequest {
         table: String,
         partition: String,
         schema_version: u64,
+        /// Where the previous chunk ended (`SeedRows::next`); `None`: from the start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
+        /// The rows `partition` had here when the table stopped being REGIONAL BY ROW (a
+        /// merge), rather than the partition's rows now (a split).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        merge: bool,
     },
     /// Runs one step of a transaction forwarded by the calling node (its statements on rows
     /// this node leases): [`PeerResponse::Exec`].
@@ -165,9 +172,12 @@ pub enum PeerResponse {
     Exec {
         response: Box<crate::local::LocalResponse>,
     },
-    /// Rows for a new range: one `to_jsonb` text per line.
+    /// Rows for a new range, one chunk: one `to_jsonb` text per line.
     SeedRows {
         rows: String,
+        /// Where the next chunk starts (ask again with `after`); `None`: that was the last.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<String>,
     },
     /// A two-phase commit's decision (`None`: not decided yet).
     TxnDecision {
@@ -218,5 +228,24 @@ mod tests {
                 body: PeerRequest::Unknown
             }
         );
+    }
+
+    #[test]
+    fn a_seed_request_and_answer_from_before_chunks_decode_as_the_whole_seed() {
+        let r: PeerRequest = serde_json::from_str(
+            r#"{"type":"range_seed","from":1,"schema":"public","table":"t","partition":"us-east1","schema_version":4}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            r,
+            PeerRequest::RangeSeed {
+                after: None,
+                merge: false,
+                ..
+            }
+        ));
+        let a: PeerResponse =
+            serde_json::from_str(r#"{"type":"seed_rows","rows":"{\"id\": 1}\n"}"#).unwrap();
+        assert!(matches!(a, PeerResponse::SeedRows { next: None, .. }));
     }
 }

@@ -754,6 +754,29 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
     key_table
 }
 
+/// Keeps this node's rows of the REGIONAL BY ROW table, by region, as they are before its
+/// partitions go (`multiregion.merge_seed`): the one range the table becomes starts from
+/// each old partition's rows as that partition's leaseholder held them. Only with row
+/// replication on (otherwise each node's rows stay its own).
+fn keep_merge_seed(relid: Oid, column: &str, qualified: &str) {
+    if !crate::sidecar::replication_enabled().unwrap_or(true) {
+        return;
+    }
+    let (schema, name) = schema_and_name(relid);
+    run_with(
+        "DELETE FROM multiregion.merge_seed WHERE schema_name = $1 AND table_name = $2",
+        vec![schema.as_str().into(), name.as_str().into()],
+    );
+    run_with(
+        &format!(
+            "INSERT INTO multiregion.merge_seed (schema_name, table_name, region, row_data) \
+             SELECT $1, $2, t.{}::text, pg_catalog.to_jsonb(t) FROM {qualified} t",
+            ident(column)
+        ),
+        vec![schema.as_str().into(), name.as_str().into()],
+    );
+}
+
 /// Makes a REGIONAL BY ROW table an ordinary table again (its locality is set by the caller);
 /// the system-provided region column goes, a computed one is computed by PostgreSQL again.
 pub fn convert_from_rbr(relid: Oid, current: &LocalityRow) -> Result<Oid, MrError> {
@@ -823,6 +846,7 @@ pub fn convert_from_rbr(relid: Oid, current: &LocalityRow) -> Result<Oid, MrErro
         },
         keys: Box::new(keys),
     };
+    keep_merge_seed(relid, column, &shape.qualified);
     let new = rebuild(&shape, &layout)?;
     if let Some(expr) = &current.region_expr_sql {
         run(&format!(
