@@ -9,12 +9,16 @@
 //! * single-row UPDATE latency, one client: on the leaseholder with replication, and on a
 //!   table without capture triggers on the same node (plain PostgreSQL); the floor is one
 //!   intra-region quorum round trip;
+//! * the same UPDATE on a PostgreSQL primary with two synchronous standbys (quorum of one)
+//!   behind the same simulated WAN ([`baseline`]): in us-east1, and in the other two regions;
 //! * point-read latency: on the leaseholder (a read-index quorum round) and on the us-west1
 //!   non-voter (read index from the leaseholder: one inter-region round trip);
 //! * write throughput of the leaseholder's node, 8 clients, replication on and off;
 //! * leaseholder failover (3 nodes, one per region): from `kill -9` of the leaseholder's node
 //!   to the first write acknowledged by another node, median of 5.
 
+#[path = "baseline.rs"]
+mod baseline;
 #[path = "../coordinator/tests/common/mod.rs"]
 mod common;
 
@@ -404,6 +408,57 @@ async fn main() {
         wide,
         "63 ms (RTT us-east1 ↔ us-west1, the nearest other voter)",
     );
+    // The baseline: PostgreSQL's own synchronous replication behind the same simulated WAN.
+    for (i, (what, rtts, floor)) in [
+        (
+            "UPDATE on a PostgreSQL primary, 2 synchronous standbys in us-east1 (ANY 1)",
+            [Duration::from_millis(2), Duration::from_millis(2)],
+            "2 ms (RTT to the nearer standby)",
+        ),
+        (
+            "UPDATE on a PostgreSQL primary, synchronous standbys in us-west1 and europe-west1 (ANY 1)",
+            [Duration::from_millis(63), Duration::from_millis(87)],
+            "63 ms (RTT to the nearer standby)",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let base = baseline::StandbyCluster::start(dir.path(), 23400 + 30 * i as u16, PGMR, rtts);
+        let mut p = PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(base.primary_port)
+            .username("postgres")
+            .database("postgres")
+            .connect()
+            .await
+            .expect("connect to the baseline primary");
+        exec(
+            &mut p,
+            "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL); \
+             INSERT INTO kv SELECT g, 0 FROM generate_series(1, 1000) g",
+        )
+        .await;
+        // Both standbys streaming, one of them synchronous.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' AND sync_state = 'quorum'",
+            )
+            .fetch_one(&mut p)
+            .await
+            .expect("pg_stat_replication");
+            if n == 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the standbys did not start streaming");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let r = p50_p99(latencies(&mut p, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
+        row(what, r, floor);
+        drop(p);
+        drop(base);
+    }
     // Forwarded: through a node that is not the leaseholder.
     let east_other = (0..3).find(|i| *i != holder).expect("three us-east1 nodes");
     let mut eo = connect_ok(&nodes[east_other], "bench").await;

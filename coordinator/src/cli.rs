@@ -72,6 +72,18 @@ pub enum DebugCommand {
     },
     /// Remove the faults on the links to PEERS (all links without --peers).
     Heal(FaultTarget),
+    /// Relay TCP connections from LISTEN to TO with the simulated WAN's delay (half of RTT
+    /// each way, through the same delay line as pgmr's links): puts a program that does not
+    /// talk through pgmr (a PostgreSQL standby, for the baseline benchmark) behind it.
+    DelayProxy {
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// Round trip to simulate, e.g. 2ms or 63ms.
+        #[arg(long, value_parser = parse_duration)]
+        rtt: std::time::Duration,
+    },
     /// Compare a checksum of every replica of every range; exits 1 naming any that differ.
     CheckConsistency {
         /// Data directory of any running node (its socket is DATA_DIR/run/pgmr.sock).

@@ -182,6 +182,9 @@ pub async fn node(cmd: NodeCommand) -> Result<()> {
 pub async fn debug(cmd: DebugCommand) -> Result<()> {
     let (target, fault) = match cmd {
         DebugCommand::CheckConsistency { data_dir } => return check_consistency(&data_dir).await,
+        DebugCommand::DelayProxy { listen, to, rtt } => {
+            return crate::net::proxy::delay_proxy(listen, to, rtt).await
+        }
         DebugCommand::Partition(t) => (
             t,
             Some(LinkFault {

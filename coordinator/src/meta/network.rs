@@ -12,10 +12,11 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::RaftTypeConfig;
+use openraft::{LogId, RaftLogId, RaftTypeConfig, Vote};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 
 /// The meta group is group 0; a range's group is its range id (ids start at 1).
 pub const META_GROUP: u64 = 0;
@@ -43,7 +44,31 @@ pub struct Peer<C> {
     group: u64,
     target: u64,
     addr: String,
+    /// What the target last acknowledged through this client (see [`Peer::append_entries`]).
+    acked: Arc<Mutex<Option<Acked>>>,
     config: PhantomData<C>,
+}
+
+impl<C> Clone for Peer<C> {
+    fn clone(&self) -> Self {
+        Peer {
+            transport: self.transport.clone(),
+            group: self.group,
+            target: self.target,
+            addr: self.addr.clone(),
+            acked: self.acked.clone(),
+            config: PhantomData,
+        }
+    }
+}
+
+/// The last AppendEntries a target acknowledged with success: the leader's vote, the entry
+/// the target's log matches after it, and the commit index it carried.
+#[derive(Debug, Clone, PartialEq)]
+struct Acked {
+    vote: Vote<u64>,
+    matched: Option<LogId<u64>>,
+    commit: Option<LogId<u64>>,
 }
 
 impl<C> RaftNetworkFactory<C> for Network<C>
@@ -58,6 +83,7 @@ where
             group: self.group,
             target,
             addr: node.rpc_addr.clone(),
+            acked: Arc::new(Mutex::new(None)),
             config: PhantomData,
         }
     }
@@ -117,12 +143,70 @@ impl<C> RaftNetwork<C> for Peer<C>
 where
     C: RaftTypeConfig<NodeId = u64, Node = MetaNode>,
 {
+    /// Sends one AppendEntries and waits for the answer — except a commit notice, which is
+    /// acknowledged at once and delivered in the background.
+    ///
+    /// openraft 0.9 keeps one AppendEntries in flight per follower, and after each commit it
+    /// sends one without entries that only carries the new commit index. A write arriving
+    /// while that notice travels waits for its round trip first, so back-to-back writes paid
+    /// about two quorum round trips each. A notice is recognised by what this client (the
+    /// leader's replication stream to one target; it lives as long as the stream) last had
+    /// acknowledged: same vote, same matching entry, no entries, a higher commit index. Its
+    /// answer could only be success (nothing changes for the target) or news that the next
+    /// AppendEntries brings anyway (a higher vote, a lost log); openraft uses it only to
+    /// advance the target's progress, which it leaves where it is, and its ack time only in
+    /// metrics. Leadership checks for reads (`get_read_log_id`) use fresh clients with
+    /// nothing acknowledged, so they always wait for real answers. A notice that fails
+    /// makes the next message go the normal way.
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<C>,
         option: RPCOption,
     ) -> Rpc<AppendEntriesResponse<u64>> {
-        self.send(RaftKind::AppendEntries, &rpc, &option).await
+        let notice = rpc.entries.is_empty()
+            && self
+                .acked
+                .lock()
+                .expect("acked lock")
+                .as_ref()
+                .is_some_and(|a| {
+                    a.vote == rpc.vote
+                        && a.matched == rpc.prev_log_id
+                        && rpc.leader_commit > a.commit
+                });
+        if notice {
+            let acked = Acked {
+                vote: rpc.vote,
+                matched: rpc.prev_log_id,
+                commit: rpc.leader_commit,
+            };
+            *self.acked.lock().expect("acked lock") = Some(acked);
+            let peer = self.clone();
+            tokio::spawn(async move {
+                let r: Rpc<AppendEntriesResponse<u64>> =
+                    peer.send(RaftKind::AppendEntries, &rpc, &option).await;
+                if !matches!(r, Ok(AppendEntriesResponse::Success)) {
+                    *peer.acked.lock().expect("acked lock") = None;
+                }
+            });
+            return Ok(AppendEntriesResponse::Success);
+        }
+        let matched = rpc
+            .entries
+            .last()
+            .map(|e| *e.get_log_id())
+            .or(rpc.prev_log_id);
+        let key = Acked {
+            vote: rpc.vote,
+            matched,
+            commit: rpc.leader_commit,
+        };
+        let r = self.send(RaftKind::AppendEntries, &rpc, &option).await;
+        *self.acked.lock().expect("acked lock") = match &r {
+            Ok(AppendEntriesResponse::Success) => Some(key),
+            _ => None,
+        };
+        r
     }
 
     async fn install_snapshot(

@@ -9,6 +9,7 @@
 
 mod conn;
 pub mod link;
+pub mod proxy;
 
 pub use conn::RpcError;
 
