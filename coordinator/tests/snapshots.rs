@@ -266,6 +266,41 @@ async fn local_rows_in(node: &Node, database: &str, region: &str) -> i64 {
         .unwrap()
 }
 
+/// Three nodes (one in us-east1, two in us-west1), seeds in chunks of about 1 KB, replication
+/// on, and database `db` with both regions under PLACEMENT RESTRICTED (each range's replicas
+/// in its home region only); a connection to it through node 1.
+async fn restricted_database(
+    dir: &std::path::Path,
+    block: u16,
+    db: &str,
+) -> (Vec<Node>, PgConnection) {
+    let nodes = start_cluster_with_env(
+        dir,
+        block,
+        WAN,
+        &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
+        &[("PGMR_SEED_CHUNK_BYTES", "1000")],
+    )
+    .await;
+    enable_replication(&nodes[0]).await;
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, &format!("CREATE DATABASE {db}")).await;
+    let mut s = eventually(&format!("database {db}"), Duration::from_secs(30), || {
+        connect(&nodes[0], db)
+    })
+    .await;
+    execute_all(
+        &mut s,
+        &[
+            &format!(r#"ALTER DATABASE {db} PRIMARY REGION "us-east1""#),
+            &format!(r#"ALTER DATABASE {db} ADD REGION "us-west1""#),
+            &format!("ALTER DATABASE {db} PLACEMENT RESTRICTED"),
+        ],
+    )
+    .await;
+    (nodes, s)
+}
+
 /// A table that was one range (REGIONAL BY TABLE, its replicas in us-east1 only under
 /// PLACEMENT RESTRICTED) split into REGIONAL BY ROW partitions: the us-west1 partition's new
 /// range lives on nodes that never held the table's rows, and starts from the old range's
@@ -275,30 +310,7 @@ async fn local_rows_in(node: &Node, database: &str, region: &str) -> i64 {
 async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges_rows() {
     let dir = scratch("snapshots-split");
     // Seeds travel in chunks of about 1 KB: the 50 rows of the us-west1 partition take several.
-    let nodes = start_cluster_with_env(
-        dir.path(),
-        49,
-        WAN,
-        &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
-        &[("PGMR_SEED_CHUNK_BYTES", "1000")],
-    )
-    .await;
-    enable_replication(&nodes[0]).await;
-    let mut c = nodes[0].sql().await;
-    exec(&mut c, "CREATE DATABASE split").await;
-    let mut s = eventually("database split", Duration::from_secs(30), || {
-        connect(&nodes[0], "split")
-    })
-    .await;
-    execute_all(
-        &mut s,
-        &[
-            r#"ALTER DATABASE split PRIMARY REGION "us-east1""#,
-            r#"ALTER DATABASE split ADD REGION "us-west1""#,
-            "ALTER DATABASE split PLACEMENT RESTRICTED",
-        ],
-    )
-    .await;
+    let (nodes, mut s) = restricted_database(dir.path(), 49, "split").await;
     exec(
         &mut s,
         "CREATE TABLE trips (id int PRIMARY KEY, city text NOT NULL, \
@@ -544,27 +556,10 @@ async fn local_count(node: &Node) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_merged_into_one_range_starts_from_every_partitions_rows() {
     let dir = scratch("snapshots-merge");
-    let nodes = start_cluster_with_env(
-        dir.path(),
-        51,
-        WAN,
-        &[EAST_B, WEST_A, "region=us-west1,zone=us-west1-b"],
-        &[("PGMR_SEED_CHUNK_BYTES", "1000")],
-    )
-    .await;
-    enable_replication(&nodes[0]).await;
-    let mut c = nodes[0].sql().await;
-    exec(&mut c, "CREATE DATABASE merge").await;
-    let mut m = eventually("database merge", Duration::from_secs(30), || {
-        connect(&nodes[0], "merge")
-    })
-    .await;
+    let (nodes, mut m) = restricted_database(dir.path(), 51, "merge").await;
     execute_all(
         &mut m,
         &[
-            r#"ALTER DATABASE merge PRIMARY REGION "us-east1""#,
-            r#"ALTER DATABASE merge ADD REGION "us-west1""#,
-            "ALTER DATABASE merge PLACEMENT RESTRICTED",
             "CREATE TABLE trips (id int PRIMARY KEY, city text NOT NULL, \
              region crdb_internal_region NOT NULL AS (CASE WHEN city = 'seattle' THEN 'us-west1' \
              ELSE 'us-east1' END) STORED) LOCALITY REGIONAL BY ROW AS region",
