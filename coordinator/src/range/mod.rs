@@ -119,6 +119,8 @@ const MANAGE_EVERY: Duration = Duration::from_millis(250);
 /// still has it as a voter (its vote may be needed to change the membership), at most this
 /// long.
 const KEEP_REMOVED: Duration = Duration::from_secs(60);
+/// How long a new range's upkeep waits for its first snapshot, and for the purge after it.
+const BOOTSTRAP_STEP: Duration = Duration::from_secs(2);
 /// How long one range's upkeep step may hold up the others' (it goes on in Raft).
 const UPKEEP_STEP: Duration = Duration::from_secs(5);
 /// A replica still starting after this is reported (its storage, or the snapshot rebuilt
@@ -746,14 +748,31 @@ impl Ranges {
                 )
                 .await?;
         }
-        let m = g.raft.metrics().borrow().clone();
-        // No replica joins before the log is purged up to a snapshot (see the bootstrap).
+        let mut m = g.raft.metrics().borrow().clone();
+        // No replica joins before the log is purged up to a snapshot (see the bootstrap). A
+        // new range's snapshot is small: build it, purge, and add the replicas in this pass
+        // rather than one pass each.
         if m.purged.is_none() {
-            match m.snapshot {
-                None => g.raft.trigger().snapshot().await?,
-                Some(s) => g.raft.trigger().purge_log(s.index).await?,
+            if m.snapshot.is_none() {
+                g.raft.trigger().snapshot().await?;
+                g.raft
+                    .wait(Some(BOOTSTRAP_STEP))
+                    .metrics(|m| m.snapshot.is_some(), "the first snapshot")
+                    .await?;
             }
-            return Ok(());
+            let snapshot = g.raft.metrics().borrow().snapshot;
+            let Some(s) = snapshot else {
+                return Ok(());
+            };
+            g.raft.trigger().purge_log(s.index).await?;
+            g.raft
+                .wait(Some(BOOTSTRAP_STEP))
+                .metrics(
+                    |m| m.purged.is_some(),
+                    "the log purged up to the first snapshot",
+                )
+                .await?;
+            m = g.raft.metrics().borrow().clone();
         }
         let membership = m.membership_config.membership().clone();
         if membership.get_joint_config().len() > 1 {
