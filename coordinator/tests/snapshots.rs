@@ -124,21 +124,11 @@ fn installed(node: &Node) -> usize {
         .count()
 }
 
-/// A range's voters (nodes 1–3, us-east1) start from the bootstrapper's snapshot; a replica
-/// added later (node 4, when the database adds us-west1) and a voter that was down while the
-/// log was purged past it (node 2) install a snapshot taken under concurrent writes, and their
-/// stale rows are gone: every replica ends with the same rows and the consistency check passes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_rows() {
-    let dir = scratch("snapshots");
-    let mut nodes = start_cluster_with_env(
-        dir.path(),
-        48,
-        WAN,
-        &[EAST_B, EAST_C, EAST_D, WEST_A],
-        KNOBS,
-    )
-    .await;
+/// Four nodes (three in us-east1, one in us-west1) with snapshots every 10 entries, replication
+/// on, and database `bank` with primary region us-east1; a connection to it through node 1.
+async fn east_bank(dir: &std::path::Path, block: u16) -> (Vec<Node>, PgConnection) {
+    let nodes =
+        start_cluster_with_env(dir, block, WAN, &[EAST_B, EAST_C, EAST_D, WEST_A], KNOBS).await;
     enable_replication(&nodes[0]).await;
     let mut c = nodes[0].sql().await;
     exec(&mut c, "CREATE DATABASE bank").await;
@@ -148,6 +138,17 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
         &[r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#],
     )
     .await;
+    (nodes, b)
+}
+
+/// A range's voters (nodes 1–3, us-east1) start from the bootstrapper's snapshot; a replica
+/// added later (node 4, when the database adds us-west1) and a voter that was down while the
+/// log was purged past it (node 2) install a snapshot taken under concurrent writes, and their
+/// stale rows are gone: every replica ends with the same rows and the consistency check passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_rows() {
+    let dir = scratch("snapshots");
+    let (mut nodes, mut b) = east_bank(dir.path(), 48).await;
     exec(
         &mut b,
         "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text)",
@@ -444,23 +445,7 @@ async fn died_at(node: &Node, failpoint: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_dies_while_installing_a_snapshot_starts_again_and_catches_up() {
     let dir = scratch("snapshots-crash");
-    let mut nodes = start_cluster_with_env(
-        dir.path(),
-        50,
-        WAN,
-        &[EAST_B, EAST_C, EAST_D, WEST_A],
-        KNOBS,
-    )
-    .await;
-    enable_replication(&nodes[0]).await;
-    let mut c = nodes[0].sql().await;
-    exec(&mut c, "CREATE DATABASE bank").await;
-    let mut b = bank(&nodes[0]).await;
-    execute_all(
-        &mut b,
-        &[r#"ALTER DATABASE bank PRIMARY REGION "us-east1""#],
-    )
-    .await;
+    let (mut nodes, mut b) = east_bank(dir.path(), 50).await;
     for table in ["accounts", "notes"] {
         exec(
             &mut b,
