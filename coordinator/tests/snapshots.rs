@@ -302,6 +302,23 @@ async fn restricted_database(
     (nodes, s)
 }
 
+/// Asserts that `count` (a `count(*)` query on `db`) answers `want` through every node, once
+/// each node can answer it (routed to the leaseholders).
+async fn count_through_every_node(nodes: &[Node], db: &str, count: &str, want: i64) {
+    for (i, n) in nodes.iter().enumerate() {
+        let got: i64 = eventually(
+            "every row through every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, db).await?;
+                sqlx::query_scalar(count).fetch_one(&mut c).await.ok()
+            },
+        )
+        .await;
+        assert_eq!(got, want, "node {}", i + 1);
+    }
+}
+
 /// A table that was one range (REGIONAL BY TABLE, its replicas in us-east1 only under
 /// PLACEMENT RESTRICTED) split into REGIONAL BY ROW partitions: the us-west1 partition's new
 /// range lives on nodes that never held the table's rows, and starts from the old range's
@@ -371,21 +388,13 @@ async fn a_table_split_into_partitions_starts_each_partition_from_the_old_ranges
         "the us-west1 partition's seed came in several chunks: {chunks:?}"
     );
     // Through every node, every row (routed to each partition's leaseholder), and writes.
-    for (i, n) in nodes.iter().enumerate() {
-        let count: i64 = eventually(
-            "every row through every node",
-            Duration::from_secs(30),
-            || async {
-                let mut c = connect(n, "split").await?;
-                sqlx::query_scalar("SELECT count(*) FROM trips WHERE region = 'us-west1'")
-                    .fetch_one(&mut c)
-                    .await
-                    .ok()
-            },
-        )
-        .await;
-        assert_eq!(count, 50, "node {}", i + 1);
-    }
+    count_through_every_node(
+        &nodes,
+        "split",
+        "SELECT count(*) FROM trips WHERE region = 'us-west1'",
+        50,
+    )
+    .await;
     for (i, n) in nodes.iter().enumerate() {
         let mut c = connect(n, "split").await.unwrap();
         exec(
@@ -592,21 +601,7 @@ async fn a_table_merged_into_one_range_starts_from_every_partitions_rows() {
         || async { (local_count(&nodes[0]).await == 100).then_some(()) },
     )
     .await;
-    for (i, n) in nodes.iter().enumerate() {
-        let count: i64 = eventually(
-            "every row through every node",
-            Duration::from_secs(30),
-            || async {
-                let mut c = connect(n, "merge").await?;
-                sqlx::query_scalar("SELECT count(*) FROM trips")
-                    .fetch_one(&mut c)
-                    .await
-                    .ok()
-            },
-        )
-        .await;
-        assert_eq!(count, 100, "node {}", i + 1);
-    }
+    count_through_every_node(&nodes, "merge", "SELECT count(*) FROM trips", 100).await;
     let merged: Vec<String> = nodes[0]
         .log()
         .lines()
