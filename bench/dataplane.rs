@@ -312,6 +312,30 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
     );
 }
 
+/// Rows of a bulk load: about 15 MB of changes, several Raft entries.
+const BULK_ROWS: i64 = 60_000;
+const BULK_RUNS: usize = 3;
+
+/// Seconds each of [`BULK_RUNS`] loads of [`BULK_ROWS`] rows into `table` took (emptied
+/// before each), sorted.
+async fn bulk_seconds(c: &mut PgConnection, table: &str) -> Vec<f64> {
+    let mut out = Vec::new();
+    for _ in 0..BULK_RUNS {
+        exec(c, &format!("TRUNCATE {table}")).await;
+        let t = Instant::now();
+        exec(
+            c,
+            &format!(
+                "INSERT INTO {table} SELECT g, repeat('x', 200) FROM generate_series(1, {BULK_ROWS}) g"
+            ),
+        )
+        .await;
+        out.push(t.elapsed().as_secs_f64());
+    }
+    out.sort_by(|a, b| a.total_cmp(b));
+    out
+}
+
 fn row(what: &str, (p50, p99): (f64, f64), floor: &str) {
     println!("| {what} | {p50:.2} | {p99:.2} | {floor} |");
 }
@@ -338,6 +362,8 @@ async fn main() {
         r#"SELECT multiregion.execute('ALTER DATABASE bench ADD REGION "europe-west1"')"#,
         "CREATE TABLE kv (k int PRIMARY KEY, v int NOT NULL)",
         "CREATE TABLE plain_kv (k int PRIMARY KEY, v int NOT NULL)",
+        "CREATE TABLE bulk (k int PRIMARY KEY, v text NOT NULL)",
+        "CREATE TABLE plain_bulk (k int PRIMARY KEY, v text NOT NULL)",
     ] {
         exec(&mut b, sql).await;
     }
@@ -350,6 +376,9 @@ async fn main() {
          INSERT INTO plain_kv SELECT g, 0 FROM generate_series(1, 1000) g; \
          RESET session_replication_role; \
          ALTER TABLE plain_kv DISABLE TRIGGER multiregion_capture, \
+             DISABLE TRIGGER multiregion_capture_truncate, \
+             DISABLE TRIGGER _multiregion_route; \
+         ALTER TABLE plain_bulk DISABLE TRIGGER multiregion_capture, \
              DISABLE TRIGGER multiregion_capture_truncate, \
              DISABLE TRIGGER _multiregion_route",
     )
@@ -409,6 +438,7 @@ async fn main() {
         "63 ms (RTT us-east1 ↔ us-west1, the nearest other voter)",
     );
     // The baseline: PostgreSQL's own synchronous replication behind the same simulated WAN.
+    let mut baseline_bulk: Vec<(String, Vec<f64>)> = Vec::new();
     for (i, (what, rtts, floor)) in [
         (
             "UPDATE on a PostgreSQL primary, 2 synchronous standbys in us-east1 (ANY 1)",
@@ -456,6 +486,8 @@ async fn main() {
         }
         let r = p50_p99(latencies(&mut p, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
         row(what, r, floor);
+        exec(&mut p, "CREATE TABLE bulk (k int PRIMARY KEY, v text NOT NULL)").await;
+        baseline_bulk.push((what.replace("UPDATE on", "bulk load into"), bulk_seconds(&mut p, "bulk").await));
         drop(p);
         drop(base);
     }
@@ -498,6 +530,22 @@ async fn main() {
     );
     let east = two_phase(&nodes, &mut b).await;
     several_leaseholders(&nodes, &mut b, east).await;
+    println!();
+    // Bulk loads: one transaction of about 15 MB of rows, split into 1 MiB Raft entries.
+    let bulk_holder = leaseholder(&nodes[0], "bulk").await as usize - 1;
+    let mut bl = connect_ok(&nodes[bulk_holder], "bench").await;
+    let unreplicated = bulk_seconds(&mut bl, "plain_bulk").await;
+    let replicated = bulk_seconds(&mut bl, "bulk").await;
+    let median = |v: &[f64]| v[v.len() / 2];
+    println!(
+        "bulk load of {BULK_ROWS} rows (~15 MB) in one transaction, median of {BULK_RUNS} (s): \
+         {:.2} replicated (voters in us-east1), {:.2} on the same node without replication",
+        median(&replicated),
+        median(&unreplicated)
+    );
+    for (what, v) in &baseline_bulk {
+        println!("{what}: {:.2}", median(v));
+    }
     println!();
     let off = throughput(&nodes[holder], "plain_kv").await;
     let on = throughput(&nodes[holder], "kv").await;

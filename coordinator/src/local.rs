@@ -69,7 +69,7 @@ pub async fn serve(listener: UnixListener, node: Arc<Node>, pg_uid: Option<Uid>)
 
 async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
     let codec = LengthDelimitedCodec::builder()
-        .max_frame_length(mr_wire::MAX_FRAME_LEN)
+        .max_frame_length(mr_wire::MAX_LOCAL_FRAME_LEN)
         .new_codec();
     let mut wire = Framed::new(stream, codec);
     let frame = tokio::time::timeout(Duration::from_secs(5), wire.next())

@@ -202,7 +202,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         node.pg.clone(),
     )?;
     let _ = node.ranges.set(ranges.clone());
-    tokio::spawn(ranges.run(stop.clone()));
+    tokio::spawn(ranges.clone().run(stop.clone()));
 
     // The applier waits for PostgreSQL to be ready (and ready again after a restart) itself.
     let applier = crate::schema::Applier {
@@ -211,6 +211,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         pg: node.pg.clone(),
         pg_cfg: pg_cfg.clone(),
         progress: node.schema.clone(),
+        ranges: ranges.clone(),
     };
     tokio::spawn(applier.run(stop.clone()));
 
@@ -673,6 +674,15 @@ impl Node {
             LocalRequest::CheckConsistency => LocalResponse::Consistency {
                 replicas: self.ranges().check_consistency().await,
             },
+            LocalRequest::TableRanges { database, tables } => {
+                self.ranges().table_ranges(&database, &tables)
+            }
+            LocalRequest::FenceBarrier { database, ranges } => {
+                match self.ranges().fence_barrier(&database, &ranges).await {
+                    Ok(after) => LocalResponse::FenceBarrier { after },
+                    Err(e) => crate::range::write_error(e),
+                }
+            }
             LocalRequest::ReadBarrier {
                 database,
                 targets,
@@ -742,18 +752,24 @@ impl Node {
                 config,
                 localities,
                 tables,
+                fenced,
+                notify,
             } => {
                 let command = Command::SchemaChange {
-                    database,
+                    database: database.clone(),
                     expected_version,
                     change,
                     config,
                     localities,
                     at_ms: now_ms(),
                     tables,
+                    fenced,
                 };
                 match self.meta().propose(command, WRITE_TIMEOUT).await {
                     Ok(Outcome::SchemaVersion { version }) => {
+                        self.ranges()
+                            .notify_schema(&database, version, &notify)
+                            .await;
                         LocalResponse::SchemaVersion { version }
                     }
                     Ok(Outcome::Rejected {
@@ -1319,6 +1335,20 @@ impl Handler for Node {
                 }),
                 None => Box::pin(async move { not_ready() }),
             },
+            PeerRequest::AwaitSchemaKnown {
+                database,
+                version,
+                timeout_ms,
+            } => Box::pin(async move {
+                let known = crate::range::fence::schema_known(
+                    &meta,
+                    &database,
+                    version,
+                    Duration::from_millis(timeout_ms),
+                )
+                .await;
+                PeerResponse::SchemaKnown { known }
+            }),
             PeerRequest::RangeReadIndex { range_id } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move { r.serve_read_index(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
@@ -1437,6 +1467,7 @@ mod tests {
             localities: vec![],
             at_ms: t0,
             tables: None,
+            fenced: vec![],
         };
         assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
         apply(

@@ -124,6 +124,9 @@ pub struct Applier {
     pub pg: Arc<PgState>,
     pub pg_cfg: PgConfig,
     pub progress: Arc<Progress>,
+    /// This node's replicas: a change that reshapes a table waits for the rows written
+    /// before it (docs/ARCHITECTURE.md §8.6).
+    pub ranges: Arc<crate::range::Ranges>,
 }
 
 /// Waits until the watched value changes or `max` passes, whichever is first.
@@ -293,6 +296,9 @@ impl Applier {
             };
             for change in pending {
                 let v = change.version;
+                if !change.fenced.is_empty() {
+                    self.ranges.await_fenced(db, v, &change.fenced).await;
+                }
                 apply(&mut c, v, &change.change)
                     .await
                     .map_err(|e| format!("version {v}: {}", one_line(&e)))?;

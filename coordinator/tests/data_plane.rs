@@ -1079,6 +1079,140 @@ async fn bank_transfers_through_every_node_survive_a_leaseholder_kill() {
     check_consistency(&nodes[1]);
 }
 
+/// Inserts rows `from..to` through `port` one transaction each, each retried while it is
+/// refused as retryable (40001), until all are in; how many refusals it met.
+async fn insert_retrying(port: u16, from: i32, to: i32) -> u32 {
+    let mut c = try_connect_db(port, "bank").await;
+    let mut refused = 0;
+    for id in from..to {
+        loop {
+            let r = sqlx::query("INSERT INTO accounts (id, balance, note) VALUES ($1, 100, 'w')")
+                .bind(id)
+                .execute(&mut c)
+                .await;
+            match r {
+                Ok(_) => break,
+                Err(e) if code(&e) == "40001" => refused += 1,
+                Err(e) => panic!("insert {id}: {e}"),
+            }
+        }
+    }
+    refused
+}
+
+/// A schema change that reshapes a table reaches every replica after every row written
+/// before it and before every row written after it (docs/ARCHITECTURE.md §8.6). Both
+/// followers' appliers are held back by a lock on their copy of the table while the
+/// leaseholder commits rows; one of them then adds a NOT NULL column with a default, while
+/// the leaseholder keeps writing. Without the fence each follower applies the change between
+/// two held-back entries, and the entries after it, written without the column, stall its
+/// applier on the NOT NULL column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_reaches_every_replica_in_order_with_the_rows_around_it() {
+    let dir = scratch("data-ddl-order");
+    let nodes = start_cluster(dir.path(), 52, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let lh = bank(&nodes).await as usize - 1;
+    let (origin, other) = ((lh + 1) % 3, (lh + 2) % 3);
+    let mut w = connect(&nodes[lh], "bank").await.unwrap();
+    exec(&mut w, "INSERT INTO accounts VALUES (0, 100, 'first')").await;
+    converged(&nodes, &[0, 1, 2]).await;
+    let mut holds = Vec::new();
+    for i in [origin, other] {
+        let mut h = connect(&nodes[i], "bank").await.unwrap();
+        exec(&mut h, "BEGIN").await;
+        exec(&mut h, "LOCK TABLE accounts IN SHARE MODE").await;
+        holds.push(h);
+    }
+    // Committed through the Raft quorum, applied by neither follower yet.
+    assert_eq!(insert_retrying(nodes[lh].pg_port, 1, 21).await, 0);
+    let writer = tokio::spawn(insert_retrying(nodes[lh].pg_port, 100, 160));
+    let mut d = connect(&nodes[origin], "bank").await.unwrap();
+    let ddl = tokio::spawn(async move {
+        sqlx::query("ALTER TABLE accounts ADD COLUMN c int NOT NULL DEFAULT 7")
+            .execute(&mut d)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for mut h in holds {
+        exec(&mut h, "COMMIT").await;
+    }
+    ddl.await.unwrap().expect("the schema change commits");
+    let refused = writer.await.unwrap();
+    let (count, _) = converged(&nodes, &[0, 1, 2]).await;
+    assert_eq!(count, 81, "every row on every replica");
+    for (i, n) in nodes.iter().enumerate() {
+        let mut c = connect(n, "bank").await.unwrap();
+        let sevens: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts WHERE c = 7")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            sevens,
+            81,
+            "node {}: every row has the new column's default",
+            i + 1
+        );
+    }
+    eprintln!("ddl order: the leaseholder's writer was refused {refused} times during the change");
+    check_consistency(&nodes[origin]);
+}
+
+/// A transaction too large for one Raft entry (about 16 MB of rows: openraft 0.9 must send
+/// each AppendEntries within a heartbeat interval, so pgmr splits it into 1 MiB entries)
+/// commits on the leaseholder and reaches both followers whole: a reader on a follower,
+/// polling while it is replicated, sees none of its rows or all of them, never a part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_larger_than_a_raft_entry_reaches_every_replica_whole() {
+    let dir = scratch("data-big-txn");
+    let nodes = start_cluster(dir.path(), 53, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let lh = bank(&nodes).await as usize - 1;
+    let follower = (lh + 1) % 3;
+    let mut r = connect(&nodes[follower], "bank").await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut seen = BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                // 40001: the follower had not applied what the leader had committed in time.
+                match sqlx::query_scalar::<_, i64>("SELECT count(*) FROM accounts")
+                    .fetch_one(&mut r)
+                    .await
+                {
+                    Ok(n) => {
+                        seen.insert(n);
+                    }
+                    Err(e) if code(&e) == "40001" => {}
+                    Err(e) => panic!("reading on the follower: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            seen
+        })
+    };
+    let mut w = connect(&nodes[lh], "bank").await.unwrap();
+    let started = Instant::now();
+    exec(
+        &mut w,
+        "INSERT INTO accounts SELECT g, 100, repeat('x', 200) FROM generate_series(1, 60000) g",
+    )
+    .await;
+    let took = started.elapsed();
+    let (count, _) = converged(&nodes, &[0, 1, 2]).await;
+    let everywhere = started.elapsed();
+    assert_eq!(count, 60000);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = reader.await.unwrap();
+    assert!(
+        seen.iter().all(|n| *n == 0 || *n == 60000),
+        "a follower showed part of the transaction: {seen:?}"
+    );
+    eprintln!(
+        "big transaction: 60000 rows committed in {took:?}, on every replica after {everywhere:?}; follower counts seen {seen:?}"
+    );
+    check_consistency(&nodes[follower]);
+}
+
 const REGIONS: [&str; 3] = ["us-east1", "us-west1", "europe-west1"];
 
 /// Turns replication on and creates database `mr` with regions us-east1 (primary), us-west1

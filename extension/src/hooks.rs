@@ -116,6 +116,11 @@ unsafe extern "C-unwind" fn process_utility(
             (None, None)
         }
     };
+    if replicate.is_some() {
+        // SAFETY: as above; a change that reshapes replicated tables first locks them
+        // against writers at their leaseholders (docs/ARCHITECTURE.md §8.6).
+        unsafe { crate::regions::fence_before_ddl(&*pstmt) };
+    }
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as given.
     unsafe {
         match PREV_PROCESS_UTILITY.get() {

@@ -34,9 +34,12 @@ use std::time::{Duration, Instant};
 
 /// Write sets above this size first ask pgmr whether replication is on.
 const ASK_FIRST_ABOVE: usize = 256 * 1024;
-/// The largest write set one transaction may replicate: one Raft entry, well inside the
-/// 16 MiB frame limit of both channels.
-const MAX_WRITE_SET: usize = 8 * 1024 * 1024;
+/// The largest write set one transaction may replicate (pgmr splits it into Raft entries of
+/// about 1 MiB); inside the local channel's frame limit with room for JSON escaping.
+const MAX_WRITE_SET: usize = 128 << 20;
+/// Each (table, partition)'s changes are sent as JSON arrays of about this size, which pgmr
+/// packs into Raft entries without parsing them.
+const ARRAY_BYTES: usize = 512 << 10;
 
 /// One captured row change.
 struct Change {
@@ -714,6 +717,7 @@ fn replicate(part: Option<PrepareAs>) -> Result<(), MrError> {
     let Some(w) = take_write()? else {
         return Ok(());
     };
+    let bytes = w.writes.iter().map(|t| t.changes.len()).sum();
     let req = LocalRequest::ReplicateTxn {
         database: crate::routing::database(),
         writes: w.writes,
@@ -722,7 +726,7 @@ fn replicate(part: Option<PrepareAs>) -> Result<(), MrError> {
         txn_start_ms: w.txn_start_ms,
         prepare: part,
     };
-    match sidecar::replicate_txn(req)? {
+    match sidecar::replicate_txn(req, bytes)? {
         Replication::Replicated { entries } => set_replicated(entries),
         Replication::Off => forget_key(&w.txn_id),
     }
@@ -779,7 +783,7 @@ pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
     let database = crate::routing::database();
     // Each (table, partition)'s changes as one JSON array, in the order they were made.
     let mut targets: BTreeMap<u32, Rc<Target>> = BTreeMap::new();
-    let mut arrays: BTreeMap<(String, String, Option<String>), String> = BTreeMap::new();
+    let mut arrays: BTreeMap<(String, String, Option<String>), Vec<String>> = BTreeMap::new();
     for c in &changes {
         let key = c.relid.to_u32();
         if let std::collections::btree_map::Entry::Vacant(e) = targets.entry(key) {
@@ -790,9 +794,13 @@ pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
         let Some(t) = targets.get(&key) else {
             continue;
         };
-        let json = arrays
+        let list = arrays
             .entry((t.schema.clone(), t.table.clone(), t.partition.clone()))
-            .or_insert_with(|| String::from("["));
+            .or_default();
+        if list.last().is_none_or(|j| j.len() >= ARRAY_BYTES) {
+            list.push(String::from("["));
+        }
+        let json = list.last_mut().expect("pushed above");
         if json.len() > 1 {
             json.push(',');
         }
@@ -811,17 +819,20 @@ pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
     }
     let writes = arrays
         .into_iter()
-        .map(|((schema, table, partition), mut changes)| {
-            changes.push(']');
-            TargetWrite {
-                table: mr_meta::TableRef {
-                    database: database.clone(),
-                    schema,
-                    table,
-                },
-                partition,
-                changes,
-            }
+        .flat_map(|((schema, table, partition), list)| {
+            let database = database.clone();
+            list.into_iter().map(move |mut changes| {
+                changes.push(']');
+                TargetWrite {
+                    table: mr_meta::TableRef {
+                        database: database.clone(),
+                        schema: schema.clone(),
+                        table: table.clone(),
+                    },
+                    partition: partition.clone(),
+                    changes,
+                }
+            })
         })
         .collect();
     let schema_version = crate::regions::proposed_version().unwrap_or_else(|| {
@@ -935,54 +946,73 @@ CREATE FUNCTION multiregion.apply_change(p_schema text, p_table text, p_op text,
 RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
-    v_key text;
-    v_cols text;
-    v_seq regclass;
-    v_col name;
-    v_val bigint;
 BEGIN
     IF p_op = 'T' THEN
         EXECUTE format('TRUNCATE %s', v_rel);
         RETURN;
     END IF;
-    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.ord) INTO v_key
+    IF p_op IN ('U', 'D') THEN
+        PERFORM multiregion.delete_row(v_rel, multiregion.key_columns(v_rel), p_old);
+    END IF;
+    IF p_op IN ('I', 'U') THEN
+        PERFORM multiregion.apply_inserts(p_schema, p_table, jsonb_build_array(p_new));
+    END IF;
+END
+$fn$;
+
+-- The primary key's columns of a relation, quoted and comma-separated (NULL without one).
+CREATE FUNCTION multiregion.key_columns(p_rel regclass)
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY k.ord)
       FROM pg_catalog.pg_index i
       CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
       JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-     WHERE i.indrelid = v_rel AND i.indisprimary;
-    IF p_op IN ('U', 'D') THEN
-        PERFORM multiregion.delete_row(v_rel, v_key, p_old);
+     WHERE i.indrelid = p_rel AND i.indisprimary;
+$fn$;
+
+-- Inserts captured rows (a JSON array of whole rows) into a leaf relation in one statement,
+-- replacing rows with the same primary key (a replayed entry converges). Consecutive
+-- inserts of one transaction into one relation arrive here together: a bulk load is applied
+-- set-wise, not row by row.
+CREATE FUNCTION multiregion.apply_inserts(p_schema text, p_table text, p_rows jsonb)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := format('%I.%I', p_schema, p_table)::regclass;
+    v_key text := multiregion.key_columns(v_rel);
+    v_cols text;
+    v_seq regclass;
+    v_col name;
+    v_val bigint;
+BEGIN
+    IF v_key IS NOT NULL THEN
+        EXECUTE format('DELETE FROM %s WHERE (%s) IN (SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1))',
+                       v_rel, v_key, v_key, v_rel) USING p_rows;
     END IF;
-    IF p_op IN ('I', 'U') THEN
-        IF v_key IS NOT NULL THEN
-            PERFORM multiregion.delete_row(v_rel, v_key, p_new);
+    SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
+      FROM pg_catalog.pg_attribute
+     WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+    EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                   v_rel, v_cols, v_cols, v_rel) USING p_rows;
+    -- The sequences the table's columns own (serial, identity) move past the values the
+    -- leaseholder drew, so that this node's nextval, once it leases the range, never
+    -- hands out a key the log already holds. (setval is not rolled back; a gap is fine.)
+    FOR v_seq, v_col IN
+        SELECT d.objid::regclass, a.attname
+          FROM pg_catalog.pg_depend d
+          JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+          JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
+         WHERE d.classid = 'pg_catalog.pg_class'::regclass
+           AND d.refclassid = 'pg_catalog.pg_class'::regclass
+           AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
+           AND d.deptype IN ('a', 'i')
+    LOOP
+        SELECT max((r ->> v_col::text)::numeric)::bigint INTO v_val
+          FROM jsonb_array_elements(p_rows) r
+         WHERE jsonb_typeof(r -> v_col::text) = 'number';
+        IF v_val > coalesce(pg_catalog.pg_sequence_last_value(v_seq), 0) THEN
+            PERFORM pg_catalog.setval(v_seq, v_val);
         END IF;
-        SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
-          FROM pg_catalog.pg_attribute
-         WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
-        EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_record(NULL::%s, $1)',
-                       v_rel, v_cols, v_cols, v_rel) USING p_new;
-        -- The sequences the table's columns own (serial, identity) move past the values the
-        -- leaseholder drew, so that this node's nextval, once it leases the range, never
-        -- hands out a key the log already holds. (setval is not rolled back; a gap is fine.)
-        FOR v_seq, v_col IN
-            SELECT d.objid::regclass, a.attname
-              FROM pg_catalog.pg_depend d
-              JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-              JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
-             WHERE d.classid = 'pg_catalog.pg_class'::regclass
-               AND d.refclassid = 'pg_catalog.pg_class'::regclass
-               AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
-               AND d.deptype IN ('a', 'i')
-        LOOP
-            IF jsonb_typeof(p_new -> v_col::text) = 'number' THEN
-                v_val := (p_new ->> v_col::text)::numeric::bigint;
-                IF v_val > coalesce(pg_catalog.pg_sequence_last_value(v_seq), 0) THEN
-                    PERFORM pg_catalog.setval(v_seq, v_val);
-                END IF;
-            END IF;
-        END LOOP;
-    END IF;
+    END LOOP;
 END
 $fn$;
 
@@ -1003,14 +1033,21 @@ $fn$;
 -- inserted first: if the leaseholder's own transaction holds it, this waits for that
 -- transaction and then skips the entry (it committed) or applies it (it aborted). A
 -- transaction over several ranges (p_keep false) has one key for all of its entries: an
--- applier that applied one removes the key again, so the next range's entry applies too.
+-- applier that applied one removes the key again, so the next range's entry applies too. A
+-- transaction split over several entries of one range is applied whole at the first; p_skip
+-- names the others, which the applier then passes over.
 CREATE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_txn text,
                                             p_changes jsonb, p_schema_version bigint,
-                                            p_keep boolean DEFAULT true)
+                                            p_keep boolean DEFAULT true,
+                                            p_skip bigint[] DEFAULT '{}')
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_new boolean;
-    v_change jsonb;
+    v_s text;
+    v_t text;
+    v_op text;
+    v_old jsonb;
+    v_rows jsonb;
     v_at bigint;
     v_skip bigint[];
 BEGIN
@@ -1036,9 +1073,26 @@ BEGIN
     v_new := FOUND;
     IF v_new THEN
         PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
-        FOR v_change IN SELECT value FROM jsonb_array_elements(p_changes) LOOP
-            PERFORM multiregion.apply_change(v_change->>'s', v_change->>'t', v_change->>'op',
-                                             v_change->'old', v_change->'new');
+        -- In order; consecutive inserts into one relation together (apply_inserts).
+        FOR v_s, v_t, v_op, v_old, v_rows IN
+            WITH c AS (
+                SELECT e.ord, e.value ->> 's' AS s, e.value ->> 't' AS t, e.value ->> 'op' AS op,
+                       e.value -> 'old' AS old, e.value -> 'new' AS new
+                  FROM jsonb_array_elements(p_changes) WITH ORDINALITY e(value, ord)),
+            b AS (
+                SELECT c.*, CASE WHEN op = 'I' AND lag(op) OVER w = 'I' AND lag(s) OVER w = s
+                                      AND lag(t) OVER w = t THEN 0 ELSE 1 END AS brk
+                  FROM c WINDOW w AS (ORDER BY ord)),
+            r AS (SELECT b.*, sum(brk) OVER (ORDER BY ord) AS run FROM b)
+            SELECT min(s), min(t), min(op), (array_agg(old ORDER BY ord))[1],
+                   jsonb_agg(new ORDER BY ord)
+              FROM r GROUP BY run ORDER BY run
+        LOOP
+            IF v_op = 'I' THEN
+                PERFORM multiregion.apply_inserts(v_s, v_t, v_rows);
+            ELSE
+                PERFORM multiregion.apply_change(v_s, v_t, v_op, v_old, v_rows -> 0);
+            END IF;
         END LOOP;
         PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
         IF NOT p_keep THEN
@@ -1046,10 +1100,22 @@ BEGIN
             DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
         END IF;
     END IF;
-    INSERT INTO multiregion.range_state (range_id, applied_index) VALUES (p_range, p_index)
-        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index;
+    INSERT INTO multiregion.range_state (range_id, applied_index, skip)
+        VALUES (p_range, p_index, p_skip)
+        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index,
+            skip = multiregion.range_state.skip || excluded.skip;
     RETURN v_new;
 END
+$fn$;
+
+-- The leaf partition of table p_schema.p_table that holds REGIONAL BY ROW partition
+-- p_partition's rows; NULL when there is none (a table not partitioned, or not that way).
+CREATE FUNCTION multiregion.range_leaf(p_schema text, p_table text, p_partition text)
+RETURNS regclass LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT c.oid::regclass
+      FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = format('%I.%I', p_schema, p_table)::regclass
+       AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (%L)', p_partition);
 $fn$;
 
 -- The relation holding a range's rows: a REGIONAL BY ROW partition's leaf, else the table.
@@ -1060,10 +1126,7 @@ DECLARE
     v_leaf regclass;
 BEGIN
     IF p_partition IS NOT NULL AND EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
-        SELECT c.oid::regclass INTO v_leaf
-          FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = v_rel
-           AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = format('FOR VALUES IN (%L)', p_partition);
+        v_leaf := multiregion.range_leaf(p_schema, p_table, p_partition);
         IF v_leaf IS NULL THEN
             RAISE EXCEPTION 'table %.% has no partition for region %', p_schema, p_table, p_partition
                 USING ERRCODE = '55000';
@@ -1071,6 +1134,19 @@ BEGIN
         RETURN v_leaf;
     END IF;
     RETURN v_rel;
+END
+$fn$;
+
+-- Before a schema change that reshapes a replicated table (docs/ARCHITECTURE.md §8.6): locks
+-- the relation holding a range's rows (the table, where the partition is not one here: a
+-- layout the table is leaving) against writers until the transaction ends. Runs with the
+-- caller's privileges, so LOCK's own checks apply.
+CREATE FUNCTION multiregion.fence_range(p_schema text, p_table text, p_partition text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    EXECUTE format('LOCK TABLE %s IN SHARE MODE',
+                   coalesce(multiregion.range_leaf(p_schema, p_table, p_partition),
+                            format('%I.%I', p_schema, p_table)::regclass));
 END
 $fn$;
 
@@ -1173,8 +1249,9 @@ RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
             skip = pg_catalog.array_remove(multiregion.range_state.skip, excluded.applied_index);
 $fn$;
 REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
+    multiregion.apply_inserts(text, text, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
-    multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint, boolean),
+    multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint, boolean, bigint[]),
     multiregion.advance_range(bigint, bigint),
     multiregion.range_checksum(bigint, text, text, text),
     multiregion.range_relation(text, text, text),

@@ -827,6 +827,22 @@ fn send(
     sidecar::forward(node, req)
 }
 
+/// Runs `sql` (text parameters) on `node` in this transaction's session there, which ends
+/// with this transaction.
+pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), MrError> {
+    let statement = ForwardStatement {
+        sql: sql.to_string(),
+        params: params
+            .into_iter()
+            .map(|p| ("text".to_string(), p))
+            .collect(),
+        lock_timeout_ms: None,
+        partitions: Vec::new(),
+        moving_from: Vec::new(),
+    };
+    send(node, statement, false).map(drop)
+}
+
 /// The statement's own text (one statement of a multi-statement string) and parameters.
 ///
 /// # Safety

@@ -60,9 +60,11 @@ const REPLICATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Asks pgmr to replicate a transaction's row changes before it commits here. Not
 /// interruptible: a cancel cannot take back a write a quorum may already hold; pgmr bounds
 /// the wait.
-pub fn replicate_txn(req: LocalRequest) -> Result<Replication, MrError> {
+pub fn replicate_txn(req: LocalRequest, bytes: usize) -> Result<Replication, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
-    match call_local(&path, &req, REPLICATE_TIMEOUT, || true).map_err(lost_commit)? {
+    // pgmr gives a large transaction's entries a second more each (one per MiB).
+    let timeout = REPLICATE_TIMEOUT + Duration::from_secs(2 * (bytes >> 20) as u64);
+    match call_local(&path, &req, timeout, || true).map_err(lost_commit)? {
         LocalResponse::Replicated { entries } => Ok(Replication::Replicated { entries }),
         LocalResponse::NotReplicated => Ok(Replication::Off),
         other => Err(write_error("replicate_txn", other)),
@@ -119,6 +121,28 @@ pub fn read_barrier(
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::ReadBarrier { enabled } => Ok(enabled),
         other => Err(write_error("read_barrier", other)),
+    }
+}
+
+/// The ranges of these replicated tables and their leaseholders; `None` when row
+/// replication is off.
+pub fn table_ranges(
+    database: String,
+    tables: Vec<mr_meta::TableRef>,
+) -> Result<Option<Vec<mr_wire::local::TableRange>>, MrError> {
+    match call(LocalRequest::TableRanges { database, tables })? {
+        LocalResponse::TableRanges { enabled, ranges } => Ok(enabled.then_some(ranges)),
+        other => Err(write_error("table_ranges", other)),
+    }
+}
+
+/// With the ranges' writers locked out: each range's last entry, applied here where this
+/// node holds a replica.
+pub fn fence_barrier(database: String, ranges: Vec<u64>) -> Result<Vec<(u64, u64)>, MrError> {
+    let req = LocalRequest::FenceBarrier { database, ranges };
+    match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
+        LocalResponse::FenceBarrier { after } => Ok(after),
+        other => Err(write_error("fence_barrier", other)),
     }
 }
 
@@ -299,6 +323,7 @@ pub fn propose_schema_change(
     config: Option<mr_meta::DatabaseConfig>,
     localities: Vec<(mr_meta::TableRef, Option<mr_meta::TableLocality>)>,
     tables: Vec<mr_meta::TableRef>,
+    fenced: (Vec<mr_meta::Fenced>, Vec<u64>),
 ) -> Result<u64, MrError> {
     let req = LocalRequest::ProposeSchemaChange {
         database,
@@ -307,6 +332,8 @@ pub fn propose_schema_change(
         config,
         localities,
         tables: Some(tables),
+        fenced: fenced.0,
+        notify: fenced.1,
     };
     match call_meta(req)? {
         LocalResponse::SchemaVersion { version } => Ok(version),
@@ -445,6 +472,8 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Replicated { .. } => "replicated",
         LocalResponse::NotReplicated => "not_replicated",
         LocalResponse::ReadBarrier { .. } => "read_barrier",
+        LocalResponse::TableRanges { .. } => "table_ranges",
+        LocalResponse::FenceBarrier { .. } => "fence_barrier",
         LocalResponse::Route { .. } => "route",
         LocalResponse::Forwarded { .. } => "forwarded",
         LocalResponse::SqlError(_) => "sql_error",

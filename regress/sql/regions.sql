@@ -60,6 +60,16 @@ SELECT multiregion.set_locality('west', 'REGIONAL BY TABLE IN PRIMARY REGION');
 SET ROLE regress_mr_alice;
 SELECT multiregion.set_locality('west', 'GLOBAL');
 RESET ROLE;
+-- A schema change's fence (docs/ARCHITECTURE.md §8.6) locks with the caller's privileges:
+-- a role that may not lock a table cannot lock it through multiregion.fence_range.
+SET ROLE regress_mr_alice;
+SELECT multiregion.fence_range('public', 'west', NULL);
+RESET ROLE;
+BEGIN;
+SELECT multiregion.fence_range('public', 'west', NULL);
+SELECT mode FROM pg_catalog.pg_locks
+ WHERE relation = 'west'::regclass AND pid = pg_backend_pid() AND mode = 'ShareLock';
+ROLLBACK;
 
 -- REGIONAL BY ROW with the system-provided crdb_region.
 SELECT multiregion.execute('CREATE TABLE accounts (id int PRIMARY KEY, email text UNIQUE, note text) LOCALITY REGIONAL BY ROW');

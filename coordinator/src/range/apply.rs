@@ -32,8 +32,9 @@ use std::time::Instant;
 const APPLICATION_NAME: &str = "pgmr range applier";
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// At most this many entries are read from the log per batch.
+/// At most this many entries, and about this many bytes, are read from the log per batch.
 const BATCH: u64 = 256;
+const BATCH_BYTES: usize = 8 << 20;
 /// A prepared entry's decision is asked of the anchor after this long, and decided abort
 /// after [`ABORT_AFTER`] (the coordinator decides within seconds, or not at all).
 const ASK_AFTER: Duration = Duration::from_secs(1);
@@ -136,7 +137,7 @@ async fn step(
         }
     };
     let to = target.min(at + BATCH);
-    let entries = store::read_entries(db, g.range_id, at + 1, to)
+    let entries = store::read_entries_within(db, g.range_id, at + 1, to, BATCH_BYTES)
         .map_err(|e| format!("reading the log: {e}"))?;
     if entries.first().map(|e| e.log_id.index) != Some(at + 1) {
         // The log no longer starts after the cursor: a snapshot was installed (and the log
@@ -154,7 +155,7 @@ async fn step(
             EntryPayload::Normal(w) => match &w.kind {
                 TxnKind::Commit => {
                     g.saw_data(true);
-                    apply_txn(c, g.range_id, index, w, true).await
+                    apply_txn(c, g.range_id, index, w, &w.changes, true, &[]).await
                 }
                 TxnKind::Prepare { anchor, gid } => {
                     g.saw_data(true);
@@ -172,7 +173,15 @@ async fn step(
                             .map_err(|e| format!("ending prepared transaction {name}: {e}"))?;
                     }
                     if commit {
-                        apply_txn(c, g.range_id, index, w, false).await
+                        match w.chunk {
+                            // A transaction split over several entries: all of them here,
+                            // in one PostgreSQL transaction; the later ones are skipped.
+                            Some(ch) if ch.seq == 0 && ch.of > 1 => {
+                                let (changes, skip) = chunks(g, db, index, gid, w, ch.of)?;
+                                apply_txn(c, g.range_id, index, w, &changes, false, &skip).await
+                            }
+                            _ => apply_txn(c, g.range_id, index, w, &w.changes, false, &[]).await,
+                        }
                     } else {
                         advance(c, g.range_id, index).await
                     }
@@ -244,24 +253,84 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
     }
 }
 
-/// Applies one transaction's rows (`keep`: leave its key, as a `Commit` entry does; a
-/// `Prepare` entry's key is removed again, since other ranges' entries of the same
-/// transaction use it too).
+/// The rows of the `of` entries of a transaction split over several entries of this range,
+/// the first of which is `first`, as one JSON array; and the indexes of the others (the
+/// applier passes over them). They are all in the log: they were committed before its
+/// decision, which is known.
+fn chunks(
+    g: &Group,
+    db: &Database,
+    first: u64,
+    gid: &str,
+    w: &super::TxnWrite,
+    of: u32,
+) -> Result<(String, Vec<i64>), String> {
+    let mut parts: Vec<(u32, u64, String)> = vec![(0, first, w.changes.clone())];
+    let last = *g.committed.borrow();
+    let mut from = first + 1;
+    while parts.len() < of as usize && from <= last {
+        let batch = store::read_entries_within(db, g.range_id, from, last, BATCH_BYTES)
+            .map_err(|e| format!("reading the log: {e}"))?;
+        let Some(end) = batch.last().map(|e| e.log_id.index) else {
+            break;
+        };
+        for e in batch {
+            if let EntryPayload::Normal(x) = e.payload {
+                let same = matches!(&x.kind, TxnKind::Prepare { gid: other, .. } if other == gid);
+                if let (true, Some(ch)) = (same, x.chunk) {
+                    if ch.seq > 0 && !parts.iter().any(|(s, ..)| *s == ch.seq) {
+                        parts.push((ch.seq, e.log_id.index, x.changes));
+                    }
+                }
+            }
+        }
+        from = end + 1;
+    }
+    if parts.len() < of as usize {
+        return Err(format!(
+            "range {}: {} of the {of} entries of transaction {gid} are in the log up to {last}",
+            g.range_id,
+            parts.len()
+        ));
+    }
+    parts.sort_by_key(|(seq, ..)| *seq);
+    let bodies = parts
+        .iter()
+        .map(|(_, _, c)| {
+            let c = c.trim();
+            c.strip_prefix('[')
+                .and_then(|b| b.strip_suffix(']'))
+                .unwrap_or(c)
+                .trim()
+        })
+        .filter(|b| !b.is_empty())
+        .collect::<Vec<_>>();
+    let skip = parts.iter().skip(1).map(|(_, i, _)| *i as i64).collect();
+    Ok((format!("[{}]", bodies.join(",")), skip))
+}
+
+/// Applies one transaction's rows, `changes` (`keep`: leave its key, as a `Commit` entry
+/// does; a `Prepare` entry's key is removed again, since other ranges' entries of the same
+/// transaction use it too); the entries in `skip` are the same transaction's, applied with
+/// it.
 fn apply_txn<'a>(
     c: &'a mut PgConnection,
     range_id: u64,
     index: u64,
     w: &'a super::TxnWrite,
+    changes: &'a str,
     keep: bool,
+    skip: &'a [i64],
 ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
     async move {
-        sqlx::query("SELECT multiregion.apply_range_txn($1, $2, $3, $4::jsonb, $5, $6)")
+        sqlx::query("SELECT multiregion.apply_range_txn($1, $2, $3, $4::jsonb, $5, $6, $7)")
             .bind(range_id as i64)
             .bind(index as i64)
             .bind(&w.txn_id)
-            .bind(&w.changes)
+            .bind(changes)
             .bind(w.schema_version as i64)
             .bind(keep)
+            .bind(skip)
             .execute(c)
             .await?;
         Ok(())

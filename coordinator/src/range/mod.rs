@@ -27,6 +27,7 @@
 
 pub mod apply;
 mod check;
+pub mod fence;
 mod forward;
 mod snapshot;
 pub mod store;
@@ -288,12 +289,42 @@ struct Resolved {
     missing: Vec<String>,
 }
 
+/// A transaction's rows in one range beyond this many bytes become several entries
+/// ([`types::Chunk`]): openraft 0.9 sends each AppendEntries within one heartbeat interval,
+/// so no single entry may take longer than that to travel, be decoded and be made durable.
+const ENTRY_BYTES: usize = 1 << 20;
+/// How much longer each entry of a large transaction may take to commit.
+const CHUNK_WAIT: Duration = Duration::from_secs(1);
+
+/// Packs JSON array bodies (elements without their brackets) into JSON arrays of about
+/// `limit` bytes each, in order; always at least one (`[]` for none).
+fn pack(bodies: Vec<String>, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::from("[");
+    for b in bodies {
+        if current.len() > 1 && current.len() + b.len() + 2 > limit {
+            current.push(']');
+            out.push(std::mem::replace(&mut current, String::from("[")));
+        }
+        if current.len() > 1 {
+            current.push(',');
+        }
+        current.push_str(&b);
+    }
+    current.push(']');
+    out.push(current);
+    out
+}
+
 /// Proposes one entry on this node, the range's leader: its index and the state
 /// machine's answer once a quorum holds it. An unknown outcome fences the range.
 async fn propose(g: &Group, entry: TxnWrite) -> Result<(u64, Option<bool>), WriteError> {
     let range_id = g.range_id;
     let started = Instant::now();
-    let resp = match tokio::time::timeout(WRITE_TIMEOUT, g.raft.client_write(entry)).await {
+    // A large transaction's entries are proposed together and travel one AppendEntries
+    // after another: each may wait for the others.
+    let limit = WRITE_TIMEOUT + entry.chunk.map_or(Duration::ZERO, |c| CHUNK_WAIT * c.of);
+    let resp = match tokio::time::timeout(limit, g.raft.client_write(entry)).await {
         Ok(Ok(resp)) => resp,
         Ok(Err(e)) if e.forward_to_leader().is_some() => {
             return Err(WriteError::Retryable(format!(
@@ -307,7 +338,7 @@ async fn propose(g: &Group, entry: TxnWrite) -> Result<(u64, Option<bool>), Writ
         Err(_) => {
             g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
             return Err(WriteError::Ambiguous(format!(
-                "no quorum of range {range_id}'s voters confirmed the write within {WRITE_TIMEOUT:?}"
+                "no quorum of range {range_id}'s voters confirmed the write within {limit:?}"
             )));
         }
     };
@@ -860,6 +891,11 @@ impl Ranges {
                 missing.join(", ")
             )));
         }
+        // Rows written under a schema a committed change has since reshaped (this node has
+        // not applied it yet, or its writer began before it did) would reach replicas after it.
+        for w in &writes {
+            self.fenced(&database, &w.table, txn.schema_version)?;
+        }
         // Each range's changes, as one JSON array.
         let mut per_range: BTreeMap<u64, (Vec<String>, Vec<Target>)> = BTreeMap::new();
         for w in writes {
@@ -898,15 +934,23 @@ impl Ranges {
             let g = self
                 .lead_for_write(range_id, &targets, txn.start_ms)
                 .await?;
-            let entry = TxnWrite {
-                txn_id: txn.txn_id.clone(),
-                origin: self.me,
-                schema_version: txn.schema_version,
-                changes: format!("[{}]", bodies.join(",")),
-                at_ms: crate::node::now_ms(),
-                kind: TxnKind::Commit,
-            };
-            groups.push((g, entry));
+            let chunks = pack(bodies, ENTRY_BYTES);
+            let of = chunks.len() as u32;
+            for (seq, changes) in chunks.into_iter().enumerate() {
+                let entry = TxnWrite {
+                    txn_id: txn.txn_id.clone(),
+                    origin: self.me,
+                    schema_version: txn.schema_version,
+                    changes,
+                    at_ms: crate::node::now_ms(),
+                    kind: TxnKind::Commit,
+                    chunk: (of > 1).then_some(types::Chunk {
+                        seq: seq as u32,
+                        of,
+                    }),
+                };
+                groups.push((g.clone(), entry));
+            }
         }
         if groups.len() == 1 && prepare.is_none() {
             let (g, entry) = groups.pop().expect("one group");

@@ -132,12 +132,30 @@ pub fn read_entries(
     from: u64,
     to: u64,
 ) -> Result<Vec<Entry<RangeConfig>>, redb::Error> {
+    read_entries_within(db, range, from, to, usize::MAX)
+}
+
+/// [`read_entries`], stopping before the entry that would take the entries read past
+/// `budget` bytes (as stored); at least one entry when there is one.
+pub fn read_entries_within(
+    db: &Database,
+    range: u64,
+    from: u64,
+    to: u64,
+    budget: usize,
+) -> Result<Vec<Entry<RangeConfig>>, redb::Error> {
     let tx = db.begin_read()?;
     let t = tx.open_table(LOG)?;
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     for kv in t.range((range, from)..=(range, to))? {
         let (_, v) = kv?;
-        out.push(serde_json::from_slice(v.value()).expect("log entries decode"));
+        let value = v.value();
+        bytes = bytes.saturating_add(value.len());
+        if bytes > budget && !out.is_empty() {
+            break;
+        }
+        out.push(serde_json::from_slice(value).expect("log entries decode"));
     }
     Ok(out)
 }
@@ -222,7 +240,23 @@ pub struct LogStore {
     pub inc: u64,
 }
 
+/// The most one AppendEntries carries (a single larger entry travels alone): each must
+/// arrive within a heartbeat interval (see `ENTRY_BYTES`).
+const APPEND_BYTES: usize = 2 << 20;
+
 impl RaftLogReader<RangeConfig> for LogStore {
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<RangeConfig>>, SErr> {
+        if end <= start {
+            return Ok(Vec::new());
+        }
+        read_entries_within(&self.db, self.range, start, end - 1, APPEND_BYTES)
+            .map_err(|e| io(e, StorageIOError::read_logs))
+    }
+
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,

@@ -87,7 +87,13 @@ impl Ranges {
                 _ => Err(e),
             };
         }
-        let ranges: Vec<Arc<Group>> = groups.iter().map(|(g, _)| g.clone()).collect();
+        // Each range once (a transaction's rows may be several entries of one range).
+        let mut ranges: Vec<Arc<Group>> = Vec::new();
+        for (g, _) in &groups {
+            if !ranges.iter().any(|r| r.range_id == g.range_id) {
+                ranges.push(g.clone());
+            }
+        }
         tokio::spawn(spread_decision(ranges, self.db.clone(), p.clone()));
         if !coordinating {
             return Ok(entries);
@@ -194,6 +200,7 @@ impl Ranges {
                 gid: gid.to_string(),
                 commit,
             },
+            chunk: None,
         };
         match super::propose(g, entry).await {
             Ok((_, decision)) => Ok(decision),
@@ -530,6 +537,7 @@ async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: Pr
                 gid: p.gid.clone(),
                 commit,
             },
+            chunk: None,
         };
         if let Err(WriteError::Ambiguous(e) | WriteError::Retryable(e)) =
             super::propose(g, entry).await

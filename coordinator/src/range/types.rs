@@ -25,6 +25,17 @@ pub struct TxnWrite {
     /// How the entry's rows take effect.
     #[serde(default)]
     pub kind: TxnKind,
+    /// One of the `Prepare` entries a transaction too large for one entry was split into
+    /// (all in one range): the applier applies them together, at the first one's place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<Chunk>,
+}
+
+/// Entry `seq` (0-based) of the `of` entries of one transaction's rows in one range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub seq: u32,
+    pub of: u32,
 }
 
 /// How an entry's rows take effect. A transaction over one range is one `Commit` entry. A

@@ -25,6 +25,6 @@ mod state;
 pub use liveness::{NodeStatus, DEAD_AFTER_MS, SUSPECT_AFTER_MS};
 pub use model::*;
 pub use state::{
-    ClientId, Command, Event, MetaError, MetaState, Outcome, Proposal, SchemaChange, SchemaLog,
-    EVENT_LOG_LEN,
+    ClientId, Command, Event, Fenced, MetaError, MetaState, Outcome, Proposal, SchemaChange,
+    SchemaLog, EVENT_LOG_LEN,
 };

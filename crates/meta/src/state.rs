@@ -107,6 +107,10 @@ pub enum Command {
         /// its ranges); `None` from proposers that do not send it: the set is unchanged.
         #[serde(default)]
         tables: Option<Vec<TableRef>>,
+        /// The replicated tables whose rows the change reshapes, each with the last entry of
+        /// each of its ranges written before it (docs/ARCHITECTURE.md §8.6).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        fenced: Vec<Fenced>,
     },
     /// `CREATE DATABASE`: the database is cluster-wide from now on (an empty schema log, for
     /// which every node creates its copy); nothing if it has a schema log already.
@@ -166,6 +170,21 @@ pub struct SchemaChange {
     pub at_ms: u64,
     /// Opaque to pgmr: produced and applied by the extension.
     pub change: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fenced: Vec<Fenced>,
+}
+
+/// A table a schema change reshapes (an `ALTER TABLE`, a rename, a drop): rows written
+/// before the change must reach every replica before it, and rows written after it only
+/// after (docs/ARCHITECTURE.md §8.6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fenced {
+    pub schema: String,
+    pub table: String,
+    /// (range, index): the table's ranges and the last entry of each that can hold rows
+    /// written under an older version. Its leaseholders were locked against writers from
+    /// before these entries were read until they knew of the change.
+    pub after: Vec<(RangeId, u64)>,
 }
 
 impl SchemaLog {
@@ -180,6 +199,20 @@ impl SchemaLog {
             .unwrap_or(usize::MAX)
             .min(self.changes.len());
         &self.changes[from..]
+    }
+
+    /// The latest change after `version` that reshapes `schema.table`: rows written under
+    /// `version` must not be proposed any more (their leaseholder has not applied it yet).
+    pub fn fenced_since(&self, version: u64, schema: &str, table: &str) -> Option<u64> {
+        self.changes_after(version)
+            .iter()
+            .rev()
+            .find(|c| {
+                c.fenced
+                    .iter()
+                    .any(|f| f.schema == schema && f.table == table)
+            })
+            .map(|c| c.version)
     }
 }
 
@@ -693,6 +726,7 @@ impl MetaState {
                 localities,
                 at_ms,
                 tables,
+                fenced,
             } => self.schema_change(
                 database,
                 *expected_version,
@@ -701,6 +735,7 @@ impl MetaState {
                 localities,
                 *at_ms,
                 tables.as_deref(),
+                fenced,
             ),
             Command::CreateDatabase { database } => {
                 self.schemas.entry(database.clone()).or_default();
@@ -754,6 +789,7 @@ impl MetaState {
         localities: &[(TableRef, Option<TableLocality>)],
         at_ms: u64,
         tables: Option<&[TableRef]>,
+        fenced: &[Fenced],
     ) -> Result<Outcome, MetaError> {
         let current = self.schemas.get(database).map_or(0, |l| l.version);
         if current != expected_version {
@@ -819,6 +855,7 @@ impl MetaState {
             version: log.version,
             at_ms,
             change: change.to_string(),
+            fenced: fenced.to_vec(),
         });
         Ok(Outcome::SchemaVersion {
             version: log.version,

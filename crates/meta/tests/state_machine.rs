@@ -443,6 +443,7 @@ fn schema_change(
         localities,
         at_ms: T0 + 100 + expected_version,
         tables: None,
+        fenced: vec![],
     }
 }
 
@@ -510,6 +511,7 @@ fn schema_changes_are_compare_and_set_on_the_version() {
         localities: vec![],
         at_ms: T0,
         tables: None,
+        fenced: vec![],
     };
     assert_eq!(
         propose(&mut s, 5, other),
@@ -1171,4 +1173,49 @@ fn a_dropped_database_is_forgotten_and_starts_again_at_version_zero() {
     assert_eq!(done(&s), vec![1, 2]);
     let again = propose(&mut s, 6, schema_change(0, "{}", None, vec![]));
     assert_eq!(again, Outcome::SchemaVersion { version: 1 });
+}
+
+/// A change that reshapes tables records them with their ranges' last entries before it, and
+/// rows written under an older version of the schema are fenced only for those tables.
+#[test]
+fn a_change_that_reshapes_a_table_fences_only_that_tables_older_rows() {
+    let mut s = cluster();
+    let mut c = schema_change(
+        0,
+        "ALTER TABLE users ADD COLUMN c int",
+        Some(movr()),
+        vec![],
+    );
+    let users = Fenced {
+        schema: "public".into(),
+        table: "users".into(),
+        after: vec![(3, 41), (4, 7)],
+    };
+    if let Command::SchemaChange { fenced, .. } = &mut c {
+        fenced.push(users.clone());
+    }
+    assert_eq!(propose(&mut s, 1, c), Outcome::SchemaVersion { version: 1 });
+    let plain = schema_change(1, "CREATE INDEX ON rides (city)", Some(movr()), vec![]);
+    assert_eq!(
+        propose(&mut s, 2, plain),
+        Outcome::SchemaVersion { version: 2 }
+    );
+    let log = s.schema("movr").unwrap();
+    assert_eq!(log.changes[0].fenced, vec![users]);
+    assert!(log.changes[1].fenced.is_empty());
+    assert_eq!(log.fenced_since(0, "public", "users"), Some(1));
+    assert_eq!(
+        log.fenced_since(1, "public", "users"),
+        None,
+        "written after it"
+    );
+    assert_eq!(
+        log.fenced_since(0, "public", "rides"),
+        None,
+        "another table"
+    );
+    // A change from before fences existed reads as fencing nothing.
+    let old = r#"{"version":1,"at_ms":5,"change":"x"}"#;
+    let old: mr_meta::SchemaChange = serde_json::from_str(old).unwrap();
+    assert!(old.fenced.is_empty());
 }

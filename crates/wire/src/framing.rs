@@ -1,7 +1,7 @@
 //! Length-prefixed JSON frames, and the blocking client the extension uses.
 
 use crate::local::{LocalRequest, LocalResponse};
-use crate::MAX_FRAME_LEN;
+use crate::MAX_LOCAL_FRAME_LEN;
 use serde::{de::DeserializeOwned, Serialize};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_LEN} bytes")]
+    #[error("frame of {0} bytes exceeds the limit of {MAX_LOCAL_FRAME_LEN} bytes")]
     TooLong(usize),
     #[error("malformed message: {0}")]
     Malformed(#[from] serde_json::Error),
@@ -21,7 +21,7 @@ pub enum FrameError {
 /// Serializes `msg` as one frame: length prefix included.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
     let body = serde_json::to_vec(msg)?;
-    if body.len() > MAX_FRAME_LEN {
+    if body.len() > MAX_LOCAL_FRAME_LEN {
         return Err(FrameError::TooLong(body.len()));
     }
     let mut out = Vec::with_capacity(4 + body.len());
@@ -93,7 +93,7 @@ pub fn call_local(
     loop {
         if buf.len() >= 4 {
             let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-            if len > MAX_FRAME_LEN {
+            if len > MAX_LOCAL_FRAME_LEN {
                 return Err(broken(FrameError::TooLong(len)));
             }
             if buf.len() >= 4 + len {

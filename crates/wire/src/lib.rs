@@ -25,5 +25,9 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.
 pub const MAX_FRAME_LEN: usize = 16 << 20;
 
+/// Largest frame on the local channel between the extension and its own pgmr (same host,
+/// same trust): a transaction's whole write set travels in one request.
+pub const MAX_LOCAL_FRAME_LEN: usize = 256 << 20;
+
 /// The pgmr release, reported by `node_info()` and in handshakes.
 pub const PGMR_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -61,6 +61,15 @@ pub enum LocalRequest {
         /// Every table of the database after the change; `None`: unchanged.
         #[serde(default)]
         tables: Option<Vec<TableRef>>,
+        /// The tables the change reshapes, with their ranges' last entries before it
+        /// ([`LocalRequest::FenceTables`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        fenced: Vec<mr_meta::Fenced>,
+        /// Nodes that hold a lock on those tables for this transaction: each is told of the
+        /// change (and waits until its copy of the meta state has it) before the transaction
+        /// ends there and releases the lock.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        notify: Vec<u64>,
     },
     /// Waits until every live node other than this one has applied `database`'s schema up
     /// to `version`: [`LocalResponse::Done`], or after `timeout_ms` an error naming the
@@ -150,6 +159,19 @@ pub enum LocalRequest {
         /// this node's copies); otherwise a range without one is an error.
         #[serde(default)]
         local_only: bool,
+    },
+    /// The ranges of these replicated tables and their leaseholders, before a schema change
+    /// that reshapes the tables locks them there: [`LocalResponse::TableRanges`].
+    TableRanges {
+        database: String,
+        tables: Vec<TableRef>,
+    },
+    /// After those locks: the last entry of each range written before them (the leader's
+    /// read index), once this node has applied it where it holds a replica:
+    /// [`LocalResponse::FenceBarrier`].
+    FenceBarrier {
+        database: String,
+        ranges: Vec<u64>,
     },
     /// Whether row replication is on (`multiregion.replication.enabled`):
     /// [`LocalResponse::ReadBarrier`] with `enabled`. Asked before sending a large write set.
@@ -374,6 +396,17 @@ pub struct MovedRows {
     pub rows: Vec<String>,
 }
 
+/// One range of a table, as `TableRanges` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableRange {
+    pub range_id: u64,
+    pub table: TableRef,
+    pub partition: Option<String>,
+    pub leaseholder: Option<u64>,
+    /// The leaseholder is this node.
+    pub here: bool,
+}
+
 /// Where a range's statements run, as `Route` answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouteRange {
@@ -482,6 +515,15 @@ pub enum LocalResponse {
     },
     Consistency {
         replicas: Vec<ReplicaChecksum>,
+    },
+    /// `enabled: false`: row replication is off, nothing to fence.
+    TableRanges {
+        enabled: bool,
+        ranges: Vec<TableRange>,
+    },
+    /// (range, index) per range asked.
+    FenceBarrier {
+        after: Vec<(u64, u64)>,
     },
     /// `forward_to: None`: run here (a read has passed its barrier); `Some(node)`: run the
     /// statement on that node. `enabled: false`: row replication is off.
@@ -758,6 +800,8 @@ mod tests {
                 }),
             )],
             tables: None,
+            fenced: vec![],
+            notify: vec![],
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(

@@ -119,6 +119,15 @@ pub enum PeerRequest {
         name: String,
         commit: bool,
     },
+    /// Answers once this node's copy of the meta state holds `database`'s schema version
+    /// `version` (at most `timeout_ms`): [`PeerResponse::SchemaKnown`]. A node whose lock on a
+    /// reshaped table is about to be released must refuse rows written under older versions
+    /// from then on (docs/ARCHITECTURE.md §8.6).
+    AwaitSchemaKnown {
+        database: String,
+        version: u64,
+        timeout_ms: u64,
+    },
     /// Periodic liveness probe that also gossips membership and measured RTTs.
     Heartbeat(Gossip),
     #[serde(other)]
@@ -178,6 +187,10 @@ pub enum PeerResponse {
         /// Where the next chunk starts (ask again with `after`); `None`: that was the last.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<String>,
+    },
+    /// Whether the version asked for is known here now.
+    SchemaKnown {
+        known: bool,
     },
     /// A two-phase commit's decision (`None`: not decided yet).
     TxnDecision {

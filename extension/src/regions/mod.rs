@@ -10,6 +10,7 @@
 
 pub(crate) mod catalog;
 mod execute;
+mod fence;
 mod rbr;
 mod replicate;
 mod show;
@@ -25,6 +26,7 @@ use pgrx::prelude::*;
 use spi::{ident, lit, run};
 use std::collections::BTreeSet;
 
+pub(crate) use fence::before_ddl as fence_before_ddl;
 pub(crate) use replicate::{database_ddl, database_ddl_done, replicate_ddl, replicated_ddl};
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);

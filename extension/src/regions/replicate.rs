@@ -32,18 +32,28 @@ struct ChangeRecord {
     gateway_region: Option<String>,
 }
 
-/// The database's replicated tables: every permanent table that is not a partition (a REGIONAL
-/// BY ROW table's partitions are ranges of their table), outside PostgreSQL's and the
-/// extension's own schemas (global key tables are derived on each node) and not the
-/// extension's.
-const TABLES: &str = "SELECT n.nspname::text, c.relname::text \
-    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-    WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
-      AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
-      AND n.nspname NOT LIKE 'pg\\_%' \
-      AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d \
-        WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e') \
-    ORDER BY 1, 2";
+/// Whether pg_class row `c` (in namespace `n`) is a replicated table: a permanent table that
+/// is not a partition (a REGIONAL BY ROW table's partitions are ranges of their table),
+/// outside PostgreSQL's and the extension's own schemas (global key tables are derived on
+/// each node) and not the extension's. A SQL condition, for `concat!`.
+macro_rules! replicated_table {
+    () => {
+        "c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
+         AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
+         AND n.nspname NOT LIKE 'pg\\_%' \
+         AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d \
+           WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')"
+    };
+}
+pub(super) use replicated_table;
+
+/// The database's replicated tables.
+const TABLES: &str = concat!(
+    "SELECT n.nspname::text, c.relname::text \
+     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE ",
+    replicated_table!(),
+    " ORDER BY 1, 2"
+);
 
 /// A transaction's schema changes, proposed together when it commits (so a transaction
 /// rolled back reaches no other node): the statements in order, each with the
@@ -113,6 +123,7 @@ pub(super) fn defer(sql: &str, localities: &[Locality]) {
 /// A subtransaction rolled back: its changes (and those of subtransactions inside it) are
 /// gone here, so they are not proposed.
 pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
+    super::fence::sub_aborted(sub);
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         if let Some(pending) = p.as_mut() {
@@ -127,6 +138,7 @@ pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
 
 /// Transaction end: nothing is pending any more.
 pub fn at_end() {
+    super::fence::at_end();
     PENDING.with(|p| p.borrow_mut().take());
     PROPOSED.with(|p| p.set(None));
 }
@@ -182,6 +194,7 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
         config,
         localities,
         tables,
+        super::fence::take(),
     )?;
     PROPOSED.with(|p| p.set(Some(new)));
     Ok(Some((database, new)))
@@ -507,7 +520,9 @@ unsafe fn cstr(p: *const std::ffi::c_char) -> String {
 /// # Safety
 /// `list` is NIL or a valid pointer list that outlives the iterator.
 #[allow(unsafe_code)]
-unsafe fn list_ptrs(list: *mut pg_sys::List) -> impl Iterator<Item = *mut std::ffi::c_void> {
+pub(super) unsafe fn list_ptrs(
+    list: *mut pg_sys::List,
+) -> impl Iterator<Item = *mut std::ffi::c_void> {
     let n = if list.is_null() {
         0
     } else {

@@ -1,0 +1,217 @@
+//! The origin's side of a schema change that reshapes replicated tables
+//! (docs/ARCHITECTURE.md §8.6): before the statement runs, each of the tables' ranges is
+//! locked against writers at its leaseholder (this transaction's session there, or here),
+//! and this node applies every row written before the locks. The change is proposed with
+//! each range's last such entry, so that every other node applies those rows before the
+//! change, and the leaseholders, told of the change before their locks go, refuse rows
+//! written under the old shape afterwards.
+
+use super::{catalog, spi};
+use crate::error::{MrError, OrRaise};
+use crate::{gucs, replication, routing, sidecar};
+use mr_meta::{Fenced, TableRef};
+use pgrx::pg_sys;
+use std::cell::RefCell;
+
+/// What this transaction has fenced, per subtransaction (a savepoint rolled back releases
+/// its locks, on other nodes too, and forgets them here).
+#[derive(Default)]
+struct State {
+    tables: Vec<(pg_sys::SubTransactionId, pg_sys::Oid, Fenced)>,
+    /// Nodes whose session of this transaction holds a lock.
+    nodes: Vec<(pg_sys::SubTransactionId, u64)>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+/// Before a client's top-level schema change runs: fences the replicated tables it alters,
+/// renames or drops (once per table and transaction).
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt) {
+    if gucs::sidecar_socket().is_none() || replication::known_off() {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let relids = unsafe { reshaped_relations(pstmt) };
+    if relids.is_empty() {
+        return;
+    }
+    fence(relids).or_raise();
+}
+
+/// The relations a statement reshapes: `ALTER TABLE` (any form), renames of a table or its
+/// parts, `DROP TABLE`. Missing ones are left to the statement's own error.
+///
+/// # Safety
+/// `pstmt` is a valid PlannedStmt.
+#[allow(unsafe_code)]
+unsafe fn reshaped_relations(pstmt: &pg_sys::PlannedStmt) -> Vec<pg_sys::Oid> {
+    use pg_sys::NodeTag::*;
+    let node = pstmt.utilityStmt;
+    if node.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: each cast follows the node's own tag; RangeVars and name lists are the
+    // statement's own, valid for the call.
+    unsafe {
+        let vars: Vec<*mut pg_sys::RangeVar> = match (*node).type_ {
+            T_AlterTableStmt => vec![(*(node as *mut pg_sys::AlterTableStmt)).relation],
+            T_RenameStmt => vec![(*(node as *mut pg_sys::RenameStmt)).relation],
+            T_DropStmt => {
+                let drop = &*(node as *mut pg_sys::DropStmt);
+                if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {
+                    return Vec::new();
+                }
+                super::replicate::list_ptrs(drop.objects)
+                    .map(|names| pg_sys::makeRangeVarFromNameList(names as *mut pg_sys::List))
+                    .collect()
+            }
+            _ => return Vec::new(),
+        };
+        vars.into_iter()
+            .filter(|rv| !rv.is_null())
+            .map(|rv| {
+                pg_sys::RangeVarGetRelidExtended(
+                    rv,
+                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    pg_sys::RVROption::RVR_MISSING_OK,
+                    None,
+                    std::ptr::null_mut(),
+                )
+            })
+            .filter(|oid| *oid != pg_sys::InvalidOid)
+            .collect()
+    }
+}
+
+fn fence(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
+    let database = catalog::database_name();
+    // The replicated tables among them (a partition stands for its table), not fenced yet.
+    let mut tables: Vec<(pg_sys::Oid, TableRef)> = Vec::new();
+    for relid in relids {
+        let rows = spi::read_rows(
+            concat!(
+                "SELECT c.oid::text, n.nspname::text, c.relname::text ",
+                "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace ",
+                "WHERE c.oid = coalesce(pg_catalog.pg_partition_root($1::oid::regclass), $1::oid::regclass) AND ",
+                super::replicate::replicated_table!()
+            ),
+            vec![relid.into()],
+        );
+        let Some((oid, schema, table)) = rows.into_iter().next().and_then(|r| {
+            let mut r = r.into_iter().flatten();
+            Some((r.next()?, r.next()?, r.next()?))
+        }) else {
+            continue;
+        };
+        let oid = pg_sys::Oid::from(oid.parse::<u32>().unwrap_or(0));
+        let done = STATE.with(|s| s.borrow().tables.iter().any(|(_, o, _)| *o == oid))
+            || tables.iter().any(|(o, _)| *o == oid);
+        if !done {
+            let t = TableRef {
+                database: database.clone(),
+                schema,
+                table,
+            };
+            tables.push((oid, t));
+        }
+    }
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<TableRef> = tables.iter().map(|(_, t)| t.clone()).collect();
+    let Some(ranges) = sidecar::table_ranges(database.clone(), names)? else {
+        return Ok(());
+    };
+    // SAFETY: reads the current subtransaction's id.
+    #[allow(unsafe_code)]
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let mut nodes: Vec<u64> = Vec::new();
+    let mut locked_remotely: Vec<(u64, TableRef)> = Vec::new();
+    for r in &ranges {
+        let t = &r.table;
+        if r.here {
+            // The relation holding this range's rows only: this node's appliers of the
+            // table's other ranges must still pass the barrier below.
+            spi::run_with(
+                "SELECT multiregion.fence_range($1, $2, $3)",
+                vec![
+                    t.schema.as_str().into(),
+                    t.table.as_str().into(),
+                    r.partition.as_deref().into(),
+                ],
+            );
+            continue;
+        }
+        let Some(node) = r.leaseholder else {
+            return Err(MrError::Retryable(format!(
+                "range {} of table {}.{} has no leaseholder to lock before the schema change",
+                r.range_id, t.schema, t.table
+            )));
+        };
+        if locked_remotely.iter().any(|(n, u)| *n == node && u == t) {
+            continue;
+        }
+        // The whole table there: that node's writers of any of its ranges wait.
+        routing::run_on(
+            node,
+            "SELECT multiregion.fence_range($1, $2, NULL)",
+            vec![Some(t.schema.clone()), Some(t.table.clone())],
+        )?;
+        locked_remotely.push((node, t.clone()));
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+    }
+    let ids: Vec<u64> = ranges.iter().map(|r| r.range_id).collect();
+    let after = sidecar::fence_barrier(database, ids)?;
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        for (oid, t) in tables {
+            let after = ranges
+                .iter()
+                .filter(|r| r.table == t)
+                .filter_map(|r| after.iter().find(|(id, _)| *id == r.range_id).copied())
+                .collect();
+            let f = Fenced {
+                schema: t.schema,
+                table: t.table,
+                after,
+            };
+            s.tables.push((sub, oid, f));
+        }
+        for n in nodes {
+            s.nodes.push((sub, n));
+        }
+    });
+    Ok(())
+}
+
+/// For the proposal at commit: the fenced tables and the nodes holding locks.
+pub(super) fn take() -> (Vec<Fenced>, Vec<u64>) {
+    STATE.with(|s| {
+        let s = std::mem::take(&mut *s.borrow_mut());
+        let mut nodes: Vec<u64> = s.nodes.into_iter().map(|(_, n)| n).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        (s.tables.into_iter().map(|(_, _, f)| f).collect(), nodes)
+    })
+}
+
+/// A subtransaction rolled back: its locks are gone (here and in the sessions elsewhere).
+pub(super) fn sub_aborted(sub: pg_sys::SubTransactionId) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.tables.retain(|(x, ..)| *x < sub);
+        s.nodes.retain(|(x, _)| *x < sub);
+    });
+}
+
+pub(super) fn at_end() {
+    STATE.with(|s| *s.borrow_mut() = State::default());
+}
