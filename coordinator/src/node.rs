@@ -675,7 +675,7 @@ impl Node {
                 replicas: self.ranges().check_consistency().await,
             },
             LocalRequest::TableRanges { database, tables } => {
-                self.ranges().table_ranges(&database, &tables)
+                self.ranges().table_ranges(&database, &tables).await
             }
             LocalRequest::FenceBarrier { database, ranges } => {
                 match self.ranges().fence_barrier(&database, &ranges).await {

@@ -130,7 +130,8 @@ pub fn table_ranges(
     database: String,
     tables: Vec<mr_meta::TableRef>,
 ) -> Result<Option<Vec<mr_wire::local::TableRange>>, MrError> {
-    match call(LocalRequest::TableRanges { database, tables })? {
+    let req = LocalRequest::TableRanges { database, tables };
+    match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::TableRanges { enabled, ranges } => Ok(enabled.then_some(ranges)),
         other => Err(write_error("table_ranges", other)),
     }

@@ -46,8 +46,26 @@ pub async fn schema_known(meta: &Meta, database: &str, version: u64, timeout: Du
 
 impl Ranges {
     /// Every range of these replicated tables (the layout they have, and one they are
-    /// leaving), with its leaseholder.
-    pub fn table_ranges(&self, database: &str, tables: &[TableRef]) -> LocalResponse {
+    /// leaving), with its leaseholder; waits (up to [`WRITE_TIMEOUT`]) while a range has
+    /// none yet (a table created a moment ago: its first election and lease follow).
+    pub async fn table_ranges(&self, database: &str, tables: &[TableRef]) -> LocalResponse {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        loop {
+            let r = self.table_ranges_now(database, tables);
+            let settled = match &r {
+                LocalResponse::TableRanges { ranges, .. } => {
+                    ranges.iter().all(|r| r.leaseholder.is_some())
+                }
+                _ => true,
+            };
+            if settled || Instant::now() >= deadline {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn table_ranges_now(&self, database: &str, tables: &[TableRef]) -> LocalResponse {
         self.meta.read(|s| {
             if !replication_on(s) {
                 return LocalResponse::TableRanges {
