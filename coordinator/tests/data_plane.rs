@@ -1155,6 +1155,28 @@ async fn a_schema_change_reaches_every_replica_in_order_with_the_rows_around_it(
     }
     eprintln!("ddl order: the leaseholder's writer was refused {refused} times during the change");
     check_consistency(&nodes[origin]);
+    // Rows this transaction wrote at the leaseholder before the change would follow it
+    // there: refused before anything changes.
+    let mut t = connect(&nodes[origin], "bank").await.unwrap();
+    exec(&mut t, "BEGIN").await;
+    exec(
+        &mut t,
+        "INSERT INTO accounts VALUES (500, 1, 'forwarded', 7)",
+    )
+    .await;
+    let (code, message) = fails_within(&mut t, "ALTER TABLE accounts ADD COLUMN d int").await;
+    assert_eq!(code, "0A000", "{message}");
+    exec(&mut t, "ROLLBACK").await;
+    for (i, n) in nodes.iter().enumerate() {
+        let mut c = connect(n, "bank").await.unwrap();
+        let d: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'accounts'::regclass AND attname = 'd'",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        assert_eq!(d, 0, "node {}: the refused change is nowhere", i + 1);
+    }
 }
 
 /// A transaction too large for one Raft entry (about 16 MB of rows: openraft 0.9 must send

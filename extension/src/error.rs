@@ -127,6 +127,11 @@ pub enum MrError {
     /// has not seen yet.
     #[error("this transaction changed the schema, and node {node}, which leases the rows this statement touches, sees the change only when it commits")]
     SchemaChangePending { node: u64 },
+    /// A schema change that reshapes a replicated table after this transaction ran
+    /// statements on other nodes: rows it wrote there under the old schema would follow the
+    /// change (docs/ARCHITECTURE.md §8.6).
+    #[error("a schema change of replicated table {table} cannot follow statements this transaction ran on other nodes")]
+    DdlAfterRemoteStatements { table: String },
 }
 
 /// PostgreSQL's encoding of a five-character SQLSTATE (MAKE_SQLSTATE).
@@ -157,7 +162,8 @@ impl MrError {
             MrError::WriteNotServed { .. }
             | MrError::PrepareReplicated
             | MrError::PrepareSchemaChange
-            | MrError::SchemaChangePending { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
+            | MrError::SchemaChangePending { .. }
+            | MrError::DdlAfterRemoteStatements { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::Remote(e) => sqlstate_of(&e.code),
             MrError::Retryable(_) => ERRCODE_T_R_SERIALIZATION_FAILURE,
             MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
@@ -191,6 +197,9 @@ impl MrError {
         match self {
             MrError::Ddl(e) => e.hint.clone(),
             MrError::WriteNotServed { hint, .. } => Some(hint.clone()),
+            MrError::DdlAfterRemoteStatements { .. } => Some(
+                "Run the schema change in a transaction of its own, or before the statements on rows leased by other nodes.".into(),
+            ),
             MrError::SchemaChangePending { .. } => Some(
                 "Commit the schema change first, or run this statement on the leaseholder's node (lease_holder in multiregion.ranges).".into(),
             ),

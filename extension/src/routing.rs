@@ -411,6 +411,11 @@ fn lock_timeout_for_parts() -> Option<u64> {
     gucs::distributed_lock_timeout(unsafe { pg_sys::LockTimeout })
 }
 
+/// The nodes this transaction has a session on.
+pub fn remote_nodes() -> Vec<u64> {
+    REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect())
+}
+
 /// Whether this transaction runs statements on another node.
 pub fn is_pinned() -> bool {
     REMOTE.with(|r| !r.borrow().is_empty())

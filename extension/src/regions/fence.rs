@@ -124,6 +124,18 @@ fn fence(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
     if tables.is_empty() {
         return Ok(());
     }
+    // Sessions elsewhere that this transaction did not open to fence: statements ran there
+    // before, under the old schema, and their rows would follow the change.
+    let fenced_at: Vec<u64> = STATE.with(|s| s.borrow().nodes.iter().map(|(_, n)| *n).collect());
+    if routing::remote_nodes()
+        .iter()
+        .any(|n| !fenced_at.contains(n))
+    {
+        let t = &tables[0].1;
+        return Err(MrError::DdlAfterRemoteStatements {
+            table: format!("{}.{}", spi::ident(&t.schema), spi::ident(&t.table)),
+        });
+    }
     let names: Vec<TableRef> = tables.iter().map(|(_, t)| t.clone()).collect();
     let Some(ranges) = sidecar::table_ranges(database.clone(), names)? else {
         return Ok(());
