@@ -970,6 +970,21 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
      WHERE i.indrelid = p_rel AND i.indisprimary;
 $fn$;
 
+-- The ascending sequences the columns of a relation's table own (serial, identity), with
+-- their columns: replicas move them past the values the leaseholder drew, so that a node's
+-- nextval, once it leases the range, never hands out a key the log already holds.
+CREATE FUNCTION multiregion.owned_sequences(p_rel regclass, OUT seq regclass, OUT col name)
+RETURNS SETOF record LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT d.objid::regclass, a.attname
+      FROM pg_catalog.pg_depend d
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+      JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
+     WHERE d.classid = 'pg_catalog.pg_class'::regclass
+       AND d.refclassid = 'pg_catalog.pg_class'::regclass
+       AND d.refobjid = coalesce(pg_catalog.pg_partition_root(p_rel), p_rel)
+       AND d.deptype IN ('a', 'i');
+$fn$;
+
 -- Inserts captured rows (a JSON array of whole rows) into a leaf relation in one statement,
 -- replacing rows with the same primary key (a replayed entry converges). Consecutive
 -- inserts of one transaction into one relation arrive here together: a bulk load is applied
@@ -993,18 +1008,9 @@ BEGIN
      WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
     EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
                    v_rel, v_cols, v_cols, v_rel) USING p_rows;
-    -- The sequences the table's columns own (serial, identity) move past the values the
-    -- leaseholder drew, so that this node's nextval, once it leases the range, never
-    -- hands out a key the log already holds. (setval is not rolled back; a gap is fine.)
+    -- Owned sequences past the values drawn (setval is not rolled back; a gap is fine).
     FOR v_seq, v_col IN
-        SELECT d.objid::regclass, a.attname
-          FROM pg_catalog.pg_depend d
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-          JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
-         WHERE d.classid = 'pg_catalog.pg_class'::regclass
-           AND d.refclassid = 'pg_catalog.pg_class'::regclass
-           AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
-           AND d.deptype IN ('a', 'i')
+        SELECT seq, col FROM multiregion.owned_sequences(v_rel)
     LOOP
         SELECT max((r ->> v_col::text)::numeric)::bigint INTO v_val
           FROM jsonb_array_elements(p_rows) r
@@ -1206,14 +1212,7 @@ DECLARE
     v_max bigint;
 BEGIN
     FOR v_seq, v_col IN
-        SELECT d.objid::regclass, a.attname
-          FROM pg_catalog.pg_depend d
-          JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-          JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.objid AND q.seqincrement > 0
-         WHERE d.classid = 'pg_catalog.pg_class'::regclass
-           AND d.refclassid = 'pg_catalog.pg_class'::regclass
-           AND d.refobjid = coalesce(pg_catalog.pg_partition_root(v_rel), v_rel)
-           AND d.deptype IN ('a', 'i')
+        SELECT seq, col FROM multiregion.owned_sequences(v_rel)
     LOOP
         EXECUTE format('SELECT max(%I)::bigint FROM %s', v_col, v_rel) INTO v_max;
         IF v_max > coalesce(pg_catalog.pg_sequence_last_value(v_seq), 0) THEN

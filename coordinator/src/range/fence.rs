@@ -116,12 +116,7 @@ impl Ranges {
                 }
             };
             if let Some(g) = self.group(range_id) {
-                let mut applied = g.applied.subscribe();
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                if tokio::time::timeout(remaining, applied.wait_for(|a| *a >= index))
-                    .await
-                    .is_err()
-                {
+                if !g.applied_by(index, deadline).await {
                     return Err(WriteError::Retryable(format!(
                         "this node has not applied range {range_id} up to entry {index} before a schema change of its table"
                     )));
@@ -216,12 +211,7 @@ impl Ranges {
             let Some(g) = self.group(range_id) else {
                 continue;
             };
-            let mut applied = g.applied.subscribe();
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(remaining, applied.wait_for(|a| *a >= index))
-                .await
-                .is_err()
-            {
+            if !g.applied_by(index, deadline).await {
                 tracing::warn!(
                     database,
                     version,

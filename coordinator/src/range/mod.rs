@@ -185,6 +185,16 @@ impl Group {
         *self.applied.borrow()
     }
 
+    /// Waits until the applier has applied `index`; `false` if `deadline` came first.
+    async fn applied_by(&self, index: u64, deadline: Instant) -> bool {
+        let mut applied = self.applied.subscribe();
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let reached = tokio::time::timeout(remaining, applied.wait_for(|a| *a >= index))
+            .await
+            .is_ok();
+        reached
+    }
+
     fn data_seen(&self) -> bool {
         self.data_seen.load(Ordering::SeqCst)
     }
@@ -1201,12 +1211,7 @@ impl Ranges {
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             };
-            let mut applied = g.applied.subscribe();
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(remaining, applied.wait_for(|a| *a >= index))
-                .await
-                .is_err()
-            {
+            if !g.applied_by(index, deadline).await {
                 return Err(WriteError::Retryable(format!(
                     "this node has not applied range {range_id} up to its read index {index} in time"
                 )));
