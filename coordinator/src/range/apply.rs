@@ -296,13 +296,7 @@ fn chunks(
     parts.sort_by_key(|(seq, ..)| *seq);
     let bodies = parts
         .iter()
-        .map(|(_, _, c)| {
-            let c = c.trim();
-            c.strip_prefix('[')
-                .and_then(|b| b.strip_suffix(']'))
-                .unwrap_or(c)
-                .trim()
-        })
+        .map(|(_, _, c)| super::array_body(c))
         .filter(|b| !b.is_empty())
         .collect::<Vec<_>>();
     let skip = parts.iter().skip(1).map(|(_, i, _)| *i as i64).collect();

@@ -306,6 +306,15 @@ const ENTRY_BYTES: usize = 1 << 20;
 /// How much longer each entry of a large transaction may take to commit.
 const CHUNK_WAIT: Duration = Duration::from_secs(1);
 
+/// A JSON array's elements: the text between its brackets, trimmed.
+fn array_body(json: &str) -> &str {
+    let t = json.trim();
+    t.strip_prefix('[')
+        .and_then(|b| b.strip_suffix(']'))
+        .unwrap_or(t)
+        .trim()
+}
+
 /// Packs JSON array bodies (elements without their brackets) into JSON arrays of about
 /// `limit` bytes each, in order; always at least one (`[]` for none).
 fn pack(bodies: Vec<String>, limit: usize) -> Vec<String> {
@@ -924,12 +933,7 @@ impl Ranges {
                     w.table.schema, w.table.table
                 )));
             };
-            let body = w.changes.trim();
-            let body = body
-                .strip_prefix('[')
-                .and_then(|b| b.strip_suffix(']'))
-                .unwrap_or(body)
-                .trim();
+            let body = array_body(&w.changes);
             let e = per_range.entry(range_id).or_default();
             if !body.is_empty() {
                 e.0.push(body.to_string());
@@ -1597,5 +1601,35 @@ pub fn write_error(e: WriteError) -> LocalResponse {
             ambiguous: true,
         },
         WriteError::Unsupported { message, hint } => LocalResponse::Unsupported { message, hint },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack;
+
+    /// A transaction's changes are packed into entries of about the limit, in order, with
+    /// no element split or lost; one larger than the limit travels alone.
+    #[test]
+    fn changes_are_packed_into_entries_of_about_the_limit_in_order() {
+        let bodies: Vec<String> = (0..10).map(|i| format!(r#"{{"k":{i}}}"#)).collect();
+        let one = bodies[0].len();
+        let packed = pack(bodies.clone(), 3 * one + 4);
+        assert!(packed.len() > 1);
+        let elements: Vec<serde_json::Value> = packed
+            .iter()
+            .flat_map(|p| serde_json::from_str::<Vec<serde_json::Value>>(p).unwrap())
+            .collect();
+        let expected: Vec<serde_json::Value> = bodies
+            .iter()
+            .map(|b| serde_json::from_str(b).unwrap())
+            .collect();
+        assert_eq!(elements, expected, "every change once, in order");
+        assert!(packed.iter().all(|p| p.len() <= 3 * one + 4));
+        let big = "x".repeat(100);
+        let packed = pack(vec![format!(r#""{big}""#), "1".into()], 50);
+        assert_eq!(packed, vec![format!(r#"["{big}"]"#), "[1]".to_string()]);
+        assert_eq!(pack(Vec::new(), 50), vec!["[]".to_string()]);
+        assert_eq!(pack(vec!["1".into(), "2".into()], 1 << 20), vec!["[1,2]"]);
     }
 }

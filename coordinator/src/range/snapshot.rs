@@ -145,7 +145,8 @@ impl Source {
         let row = sqlx::query(
             "SELECT coalesce((SELECT applied_index FROM multiregion.range_state WHERE range_id = $1), 0), \
                     multiregion.schema_version(), \
-                    pg_catalog.to_regclass(pg_catalog.format('%I.%I', $2::text, $3::text)) IS NOT NULL",
+                    pg_catalog.to_regclass(pg_catalog.format('%I.%I', $2::text, $3::text)) IS NOT NULL, \
+                    coalesce((SELECT skip FROM multiregion.range_state WHERE range_id = $1), '{}')",
         )
         .bind(range_id as i64)
         .bind(&self.table.schema)
@@ -156,6 +157,9 @@ impl Source {
         let index = row.get::<i64, _>(0).max(0) as u64;
         let schema_version = row.get::<i64, _>(1) as u64;
         let exists: bool = row.get(2);
+        // Entries after the cursor whose rows are here already: the later entries of a
+        // transaction split over several, applied with its first.
+        let applied_ahead: Vec<i64> = row.get(3);
         // A new range's table not committed here yet (created by a transaction that is
         // still writing its first rows, which wait for this range; or a schema change this
         // node has not applied): it has no rows here, and its first rows come through the log.
@@ -181,7 +185,11 @@ impl Source {
                     _ => None,
                 })
                 .collect();
-        let mut skip = Vec::new();
+        let mut skip: Vec<u64> = applied_ahead
+            .into_iter()
+            .filter(|i| *i > index as i64)
+            .map(|i| i as u64)
+            .collect();
         if !proposed.is_empty() {
             let ids: Vec<&str> = proposed.iter().map(|(_, t)| t.as_str()).collect();
             let seen: BTreeSet<String> = sqlx::query_scalar(
@@ -193,11 +201,14 @@ impl Source {
             .map_err(e)?
             .into_iter()
             .collect();
-            skip = proposed
-                .into_iter()
-                .filter(|(_, t)| seen.contains(t))
-                .map(|(i, _)| i)
-                .collect();
+            skip.extend(
+                proposed
+                    .into_iter()
+                    .filter(|(_, t)| seen.contains(t))
+                    .map(|(i, _)| i),
+            );
+            skip.sort_unstable();
+            skip.dedup();
         }
         // `relation` is a regclass's text: already quoted.
         let mut body = Vec::new();
