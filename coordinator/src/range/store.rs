@@ -409,9 +409,12 @@ impl RaftLogStorage<RangeConfig> for LogStore {
                 let v = m.get((self.range, APPLIED))?;
                 v.and_then(|v| serde_json::from_slice::<AppliedState>(v.value()).ok())
                     .and_then(|(last, _)| last)
-                    .map_or(0, |l| l.index)
+                    .map(|l| l.index)
             };
-            if applied < log_id.index {
+            // Nothing applied yet waits too, even for a purge up to entry 0 (a new range's
+            // first snapshot): recorded, it would outlive a crash before the install and
+            // leave openraft a purged log with nothing committed, which it refuses to start.
+            if applied.is_none_or(|a| a < log_id.index) {
                 let bytes = serde_json::to_vec(&log_id).expect("log ids serialize");
                 tx.open_table(META)?
                     .insert((self.range, PENDING_PURGE), bytes.as_slice())?;
