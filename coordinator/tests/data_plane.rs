@@ -2225,3 +2225,280 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
     }
     check_consistency(&nodes[0]);
 }
+
+/// A REGIONAL BY ROW table's primary key without its region is unique across the cluster,
+/// not only against the rows a node has applied: the key table is one range in the primary
+/// region, written by each statement's origin in the same transaction. The same key inserted
+/// into two regions' partitions at the same moment, each through its own region's
+/// leaseholder, succeeds exactly once; a key taken in one region cannot be taken in another,
+/// until its row is deleted; a REPEATABLE READ transaction in a non-primary region still
+/// commits (its key part pins nothing); a row moved between regions keeps its key (a row
+/// referencing it is no obstacle); and every node ends with the same keys, one per row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_unique_across_regions_even_when_two_regions_take_it_at_once() {
+    let dir = scratch("data-global-keys");
+    let nodes = start_cluster(dir.path(), 54, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    let mut eu = connect(&nodes[2], "mr").await.unwrap();
+    let insert = |region: &'static str| {
+        format!("INSERT INTO accounts (crdb_region, id, balance) VALUES ('{region}', $1, 1)")
+    };
+    let (in_west, in_eu) = (insert("us-west1"), insert("europe-west1"));
+
+    // Taken in one region, refused in another: 23505 with the table's own constraint.
+    sqlx::query(&in_west)
+        .bind(40)
+        .execute(&mut west)
+        .await
+        .unwrap();
+    let err = sqlx::query(&in_eu)
+        .bind(40)
+        .execute(&mut eu)
+        .await
+        .expect_err("account 40 exists in us-west1");
+    assert_eq!(code(&err), "23505", "{err}");
+    assert!(err.to_string().contains("accounts_pkey"), "{err}");
+
+    // The same key through two regions' leaseholders at once: exactly one wins.
+    for id in 100..110 {
+        let w = sqlx::query(&in_west).bind(id).execute(&mut west);
+        let e = sqlx::query(&in_eu).bind(id).execute(&mut eu);
+        let (rw, re) = tokio::join!(w, e);
+        let codes: Vec<String> = [rw.err(), re.err()].iter().flatten().map(code).collect();
+        assert_eq!(codes, vec!["23505".to_string()], "key {id}");
+    }
+
+    // A deleted row's key is free again, in any region.
+    exec(&mut west, "DELETE FROM accounts WHERE id = 40").await;
+    sqlx::query(&in_eu).bind(40).execute(&mut eu).await.unwrap();
+
+    // REPEATABLE READ in a region other than the key table's: its key part pins nothing.
+    exec(&mut west, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    sqlx::query(&in_west)
+        .bind(200)
+        .execute(&mut west)
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM accounts WHERE crdb_region = 'us-west1' AND id = 200",
+    )
+    .fetch_one(&mut west)
+    .await
+    .unwrap();
+    assert_eq!(n, 1);
+    exec(&mut west, "COMMIT").await;
+
+    // A row moved between regions by a statement that does not name its region (split over
+    // the leaseholders, the row written at its new one) keeps its key: a row that
+    // references the key stops neither the move nor is lost.
+    exec(
+        &mut west,
+        "CREATE TABLE cards (id int PRIMARY KEY, account int NOT NULL REFERENCES multiregion_keys.accounts (id))",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("INSERT INTO cards VALUES (1, 40)")
+        .execute(&mut west)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let moved = sqlx::raw_sql("UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 40")
+        .execute(&mut west)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(moved, 1);
+    let region: String = sqlx::query_scalar("SELECT crdb_region::text FROM accounts WHERE id = 40")
+        .fetch_one(&mut eu)
+        .await
+        .unwrap();
+    assert_eq!(region, "us-west1");
+
+    // Every node holds one key per row, and the same keys.
+    let want: Vec<i32> = {
+        let b = balances_converged(&nodes).await;
+        let mut ids: Vec<i32> = b.into_iter().map(|r| r.1).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids_len_distinct(&want), want.len(), "{want:?}");
+    for n in &nodes {
+        let keys: Vec<i32> =
+            eventually("the node's key table", Duration::from_secs(30), || async {
+                let mut c = connect(n, "mr").await?;
+                let keys: Vec<i32> =
+                    sqlx::query_scalar("SELECT id FROM multiregion_keys.accounts ORDER BY id")
+                        .fetch_all(&mut c)
+                        .await
+                        .ok()?;
+                (keys == want).then_some(keys)
+            })
+            .await;
+        assert_eq!(keys, want);
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
+/// How many distinct values `ids` holds.
+fn ids_len_distinct(ids: &[i32]) -> usize {
+    ids.iter().collect::<BTreeSet<_>>().len()
+}
+
+/// A read that needs every partition's rows in one place (an aggregate, an ordered LIMIT)
+/// through a node that holds no replica of some partitions runs whole on a node that holds
+/// one of each, after its read barrier there: with two nodes per region, a partition's five
+/// replicas (three voters wanted at home, one replica in each other region) leave some node
+/// without one, and every node answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregate_through_a_node_without_every_partition_reads_where_they_all_are() {
+    let dir = scratch("data-full-copy");
+    const EAST_C: &str = "region=us-east1,zone=us-east1-c";
+    const WEST_B: &str = "region=us-west1,zone=us-west1-b";
+    const EU_C: &str = "region=europe-west1,zone=europe-west1-c";
+    let nodes = start_cluster(
+        dir.path(),
+        55,
+        WAN,
+        &[EAST_B, EAST_C, WEST_A, WEST_B, EU_B, EU_C],
+    )
+    .await;
+    let mut c = nodes[0].sql().await;
+    exec(
+        &mut c,
+        "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
+    )
+    .await;
+    exec(&mut c, "CREATE DATABASE mr").await;
+    let mut m = eventually("database mr on node 1", Duration::from_secs(30), || {
+        connect(&nodes[0], "mr")
+    })
+    .await;
+    execute_all(
+        &mut m,
+        &[
+            r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
+            r#"ALTER DATABASE mr ADD REGION "us-west1""#,
+            r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
+            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL) LOCALITY REGIONAL BY ROW",
+        ],
+    )
+    .await;
+    let insert = "INSERT INTO accounts (crdb_region, id, balance) VALUES \
+                  ('us-east1', 1, 10), ('us-west1', 2, 20), ('europe-west1', 3, 30)";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql(insert).execute(&mut m).await {
+        assert!(Instant::now() < deadline, "{insert}: {e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Which nodes hold a replica of every partition, once placement has settled.
+    let (full, lacking): (Vec<i64>, Vec<i64>) =
+        eventually("replicas placed", Duration::from_secs(60), || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let per_node: Vec<(i64, i64)> = sqlx::query_as(
+                "SELECT n, count(*) FROM multiregion.ranges r, \
+                   unnest(r.voting_replicas || r.non_voting_replicas) n \
+                 WHERE r.table_name = 'accounts' AND r.partition IS NOT NULL GROUP BY n",
+            )
+            .fetch_all(&mut c)
+            .await
+            .ok()?;
+            let full: Vec<i64> = per_node.iter().filter(|r| r.1 == 3).map(|r| r.0).collect();
+            let lacking: Vec<i64> = (1..=6).filter(|n| !full.contains(n)).collect();
+            (!full.is_empty() && !lacking.is_empty()).then_some((full, lacking))
+        })
+        .await;
+    for (i, n) in nodes.iter().enumerate() {
+        let (count, sum): (i64, i64) = eventually(
+            "the aggregate through every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                sqlx::query_as("SELECT count(*), sum(balance)::int8 FROM accounts")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+        let mut c = connect(n, "mr").await.unwrap();
+        assert_eq!(
+            (count, sum),
+            (3, 60),
+            "node {} (full copies on {full:?}, not on {lacking:?})",
+            i + 1
+        );
+        let top: Vec<i32> =
+            sqlx::query_scalar("SELECT id FROM accounts ORDER BY balance DESC LIMIT 2")
+                .fetch_all(&mut c)
+                .await
+                .unwrap();
+        assert_eq!(top, vec![3, 2], "node {}", i + 1);
+    }
+    // A write is immediately visible to the next such read through a lacking node.
+    let lacker = lacking[0] as usize - 1;
+    let mut l = connect(&nodes[lacker], "mr").await.unwrap();
+    exec(
+        &mut l,
+        "UPDATE accounts SET balance = balance + 5 WHERE crdb_region = 'europe-west1' AND id = 3",
+    )
+    .await;
+    let sum: i64 = sqlx::query_scalar("SELECT sum(balance)::int8 FROM accounts")
+        .fetch_one(&mut l)
+        .await
+        .unwrap();
+    assert_eq!(sum, 65);
+    check_consistency(&nodes[0]);
+}
+
+/// A sequence a column's default draws from, though no column owns it, moves past the values
+/// the leaseholder drew on every replica: the node that leases the range next never hands
+/// out a key the table already holds. (Created through `multiregion.execute`, whose plain
+/// DDL reaches every node in a database without regions too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_a_default_draws_from_moves_past_the_rows_on_every_replica() {
+    let dir = scratch("data-sequences");
+    let nodes = start_cluster(dir.path(), 56, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    bank(&nodes).await;
+    let mut b = connect(&nodes[0], "bank").await.unwrap();
+    execute_all(
+        &mut b,
+        &[
+            "CREATE SEQUENCE ticket_ids",
+            "CREATE TABLE tickets (id bigint PRIMARY KEY DEFAULT nextval('ticket_ids'), note text)",
+        ],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) =
+        sqlx::raw_sql("INSERT INTO tickets (note) SELECT 'x' FROM generate_series(1, 5)")
+            .execute(&mut b)
+            .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let max: i64 = sqlx::query_scalar("SELECT max(id) FROM tickets")
+        .fetch_one(&mut b)
+        .await
+        .unwrap();
+    for n in &nodes {
+        eventually(
+            "the sequence past the rows",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "bank").await?;
+                let last: Option<i64> =
+                    sqlx::query_scalar("SELECT pg_sequence_last_value('ticket_ids')")
+                        .fetch_one(&mut c)
+                        .await
+                        .ok()?;
+                (last >= Some(max)).then_some(())
+            },
+        )
+        .await;
+    }
+}

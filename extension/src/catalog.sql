@@ -55,9 +55,11 @@ GRANT USAGE ON SCHEMA multiregion_keys TO PUBLIC;
 GRANT SELECT ON multiregion.database_config, multiregion.table_locality, multiregion.global_key
     TO PUBLIC;
 
--- Maintains a global key table from a REGIONAL BY ROW table's row triggers. Like the key
--- table, its checks read this node's copy as it is (multiregion.count_local: no routing, no
--- read barrier across the regions' leaseholders). A key leaves the
+-- Maintains a global key table from a REGIONAL BY ROW table's row triggers. With row
+-- replication on, the key table is a replicated range and the change is only recorded, for
+-- the transaction's origin to apply at its leaseholder (global_keys.rs). Otherwise each node
+-- keeps its own key table, and the checks read this node's copy as it is
+-- (multiregion.count_local: no routing, no read barrier). A key leaves the
 -- key table only when no row holds it any more, so a row that moves between partitions (a
 -- rehome: PostgreSQL runs it as a DELETE and an INSERT) neither loses its key nor cascades a
 -- delete to rows that reference it. Runs as the extension's owner, so writers need no
@@ -103,6 +105,15 @@ BEGIN
         new_key := (SELECT jsonb_object_agg(c, to_jsonb(NEW) -> c) FROM unnest(cols) c);
     END IF;
     IF TG_OP = 'UPDATE' AND old_key IS NOT DISTINCT FROM new_key THEN
+        RETURN NULL;
+    END IF;
+    -- With row replication on, the key table is a replicated range: the change is applied
+    -- at its leaseholder after the statement, by the transaction's origin (global_keys.rs).
+    IF multiregion.record_key_change(v_key_table, parent, v_constraint,
+           CASE WHEN NOT EXISTS (SELECT 1 FROM jsonb_each(old_key) e WHERE e.value = 'null')
+                THEN old_key END,
+           CASE WHEN NOT EXISTS (SELECT 1 FROM jsonb_each(new_key) e WHERE e.value = 'null')
+                THEN new_key END) THEN
         RETURN NULL;
     END IF;
     -- Keys with a NULL part are not unique (SQL's rule), so they have no entry.

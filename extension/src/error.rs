@@ -132,6 +132,9 @@ pub enum MrError {
     /// change (docs/ARCHITECTURE.md §8.6).
     #[error("a schema change of replicated table {table} cannot follow statements this transaction ran on other nodes")]
     DdlAfterRemoteStatements { table: String },
+    /// Changes to a global key table asked for by a role that may not write its table.
+    #[error("permission denied for table {table}")]
+    KeyChangesNotPermitted { table: String },
 }
 
 /// PostgreSQL's encoding of a five-character SQLSTATE (MAKE_SQLSTATE).
@@ -173,7 +176,9 @@ impl MrError {
             | MrError::OutOfRange { .. }
             | MrError::MalformedEventInfo { .. } => ERRCODE_INTERNAL_ERROR,
             MrError::Ddl(e) => make_sqlstate(e.sqlstate),
-            MrError::NotOwner { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            MrError::NotOwner { .. } | MrError::KeyChangesNotPermitted { .. } => {
+                ERRCODE_INSUFFICIENT_PRIVILEGE
+            }
             MrError::OtherDatabase { .. } | MrError::CreateDatabaseInFunction { .. } => {
                 ERRCODE_FEATURE_NOT_SUPPORTED
             }

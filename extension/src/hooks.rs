@@ -17,6 +17,9 @@ static PREV_EXECUTOR_START: OnceLock<pg_sys::ExecutorStart_hook_type> = OnceLock
 /// The `ExecutorRun_hook` found at load time.
 static PREV_EXECUTOR_RUN: OnceLock<pg_sys::ExecutorRun_hook_type> = OnceLock::new();
 
+/// The `ExecutorFinish_hook` found at load time.
+static PREV_EXECUTOR_FINISH: OnceLock<pg_sys::ExecutorFinish_hook_type> = OnceLock::new();
+
 /// The `ExecutorEnd_hook` found at load time.
 static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::new();
 
@@ -41,6 +44,8 @@ pub fn init() {
         pg_sys::ExecutorStart_hook = Some(executor_start);
         let _ = PREV_EXECUTOR_RUN.set(pg_sys::ExecutorRun_hook);
         pg_sys::ExecutorRun_hook = Some(executor_run);
+        let _ = PREV_EXECUTOR_FINISH.set(pg_sys::ExecutorFinish_hook);
+        pg_sys::ExecutorFinish_hook = Some(executor_finish);
         let _ = PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook);
         pg_sys::ExecutorEnd_hook = Some(executor_end);
         pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0));
@@ -199,6 +204,33 @@ unsafe extern "C-unwind" fn executor_run(
             }
         });
     }
+}
+
+/// Finishes a query (its AFTER triggers run here), then applies the global key changes of a
+/// statement that is not nested in another ([`crate::routing::executor_finished`]).
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) {
+    crate::routing::executor_finishing();
+    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our argument. Called
+    // without pgrx's guard, as C hooks call it: an ERROR in an AFTER trigger then reaches the
+    // client with its CONTEXT, which pgrx's guard drops when it rethrows. The ERROR longjmps
+    // over this frame, which holds nothing to drop; the depth counter it leaves raised is
+    // restored when the (sub)transaction aborts.
+    unsafe {
+        match PREV_EXECUTOR_FINISH.get() {
+            Some(Some(prev)) => prev(query_desc),
+            _ => standard_ExecutorFinish_unguarded(query_desc),
+        }
+    }
+    crate::routing::executor_finished();
+}
+
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" {
+    /// execMain.c's ExecutorFinish, bound without pgrx's guard (see `executor_finish`).
+    #[link_name = "standard_ExecutorFinish"]
+    fn standard_ExecutorFinish_unguarded(query_desc: *mut pg_sys::QueryDesc);
 }
 
 /// After a query: forgets its routing.

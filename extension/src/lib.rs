@@ -6,6 +6,7 @@
 
 mod api;
 mod error;
+mod global_keys;
 mod gucs;
 mod hooks;
 mod insert_rows;

@@ -136,6 +136,10 @@ unsafe extern "C-unwind" fn xact_callback(
             // its active snapshot) is gone, and SPI needs one: push the transaction's own and
             // pop it again (on error, abort pops it).
             unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+            // Global key changes not yet applied (a COPY's: it has no executor finish).
+            if crate::global_keys::any_pending() {
+                crate::routing::apply_key_changes().or_raise();
+            }
             // Schema first: the rows below carry its version, which replicas wait for.
             let schema = crate::regions::pre_commit().or_raise();
             crate::routing::pre_commit().or_raise();
@@ -922,7 +926,7 @@ BEGIN
           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
            AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't'
-           AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys')
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion')
            AND n.nspname NOT LIKE 'pg\_%'
            AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
                             WHERE t.tgrelid = c.oid AND t.tgname = 'multiregion_capture')
@@ -970,9 +974,10 @@ RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
      WHERE i.indrelid = p_rel AND i.indisprimary;
 $fn$;
 
--- The ascending sequences the columns of a relation's table own (serial, identity), with
--- their columns: replicas move them past the values the leaseholder drew, so that a node's
--- nextval, once it leases the range, never hands out a key the log already holds.
+-- The ascending sequences the columns of a relation's table draw from, with their columns:
+-- those they own (serial, identity) and those their defaults call nextval() of. Replicas
+-- move them past the values the leaseholder drew, so that a node's nextval, once it leases
+-- the range, never hands out a key the log already holds.
 CREATE FUNCTION multiregion.owned_sequences(p_rel regclass, OUT seq regclass, OUT col name)
 RETURNS SETOF record LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $fn$
     SELECT d.objid::regclass, a.attname
@@ -982,7 +987,16 @@ RETURNS SETOF record LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp A
      WHERE d.classid = 'pg_catalog.pg_class'::regclass
        AND d.refclassid = 'pg_catalog.pg_class'::regclass
        AND d.refobjid = coalesce(pg_catalog.pg_partition_root(p_rel), p_rel)
-       AND d.deptype IN ('a', 'i');
+       AND d.deptype IN ('a', 'i')
+    UNION
+    SELECT d.refobjid::regclass, a.attname
+      FROM pg_catalog.pg_attrdef ad
+      JOIN pg_catalog.pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
+      JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::regclass
+                                 AND d.objid = ad.oid
+                                 AND d.refclassid = 'pg_catalog.pg_class'::regclass
+      JOIN pg_catalog.pg_sequence q ON q.seqrelid = d.refobjid AND q.seqincrement > 0
+     WHERE ad.adrelid = coalesce(pg_catalog.pg_partition_root(p_rel), p_rel);
 $fn$;
 
 -- Inserts captured rows (a JSON array of whole rows) into a leaf relation in one statement,

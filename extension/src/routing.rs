@@ -84,6 +84,9 @@ struct RemoteTxn {
     savepoints: Vec<u32>,
     /// Savepoint operations to send before the next step.
     pending: Vec<SavepointOp>,
+    /// Only global key changes ran there (`apply_key_changes`): a part that neither pins a
+    /// REPEATABLE READ transaction's statements nor holds rows it must read back.
+    keys_only: bool,
 }
 
 thread_local! {
@@ -106,6 +109,15 @@ thread_local! {
     static GATEWAY_REGION: RefCell<Option<String>> = const { RefCell::new(None) };
     /// Executor runs in progress: above zero, a statement is nested in another.
     static RUN_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Executor finishes in progress (AFTER triggers run in them): above zero, a statement
+    /// is nested in another's triggers.
+    static FINISH_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Forwarded statements being run (their shares sent, their moved rows written): the
+    /// extension's own queries meanwhile are nested in them.
+    static FORWARDING: Cell<u32> = const { Cell::new(0) };
+    /// FINISH_DEPTH when each open subtransaction began: an ERROR leaves the finishes it
+    /// interrupted counted, and rolling back to the subtransaction restores the count.
+    static SUB_FINISH_DEPTH: RefCell<Vec<(u32, u32)>> = const { RefCell::new(Vec::new()) };
     static SESSION_SEQ: Cell<u64> = const { Cell::new(0) };
     /// This transaction ran a write or locking statement on replicated tables here: it has
     /// a part on this node (its row locks), even before it changed a row.
@@ -279,7 +291,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         && !dynamic_params
         && !rewritten
         && unsafe { replication::splittable(qd) };
-    let first_remote = REMOTE.with(|r| r.borrow().first().map(|r| r.node));
+    // Parts that only hold global key changes pin nothing.
+    let first_remote = REMOTE.with(|r| r.borrow().iter().find(|r| !r.keys_only).map(|r| r.node));
     if let (true, Some(node)) = (snapshot_isolation, first_remote) {
         refuse_dynamic(node);
         // REPEATABLE READ and SERIALIZABLE need one snapshot and one place where conflicts
@@ -459,6 +472,14 @@ pub unsafe fn executor_run(
         }
         return;
     };
+    struct Forwarding;
+    impl Drop for Forwarding {
+        fn drop(&mut self) {
+            FORWARDING.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+    FORWARDING.with(|d| d.set(d.get() + 1));
+    let _forwarding = Forwarding;
     // SAFETY: as this function's contract.
     unsafe { run_forwarded(&mut *qd, key, node, direction, count) }
 }
@@ -622,6 +643,74 @@ unsafe fn run_forwarded(
     }
 }
 
+/// A statement's ExecutorFinish begins (its AFTER triggers run in it).
+pub fn executor_finishing() {
+    FINISH_DEPTH.with(|d| d.set(d.get() + 1));
+}
+
+/// A statement's ExecutorFinish ended: at the end of a statement of this transaction's origin
+/// that is not nested in another, the changes it made to global keys are applied at their key
+/// tables' leaseholders.
+pub fn executor_finished() {
+    FINISH_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    if FINISH_DEPTH.with(Cell::get) == 0
+        && RUN_DEPTH.with(Cell::get) == 0
+        && FORWARDING.with(Cell::get) == 0
+        && SERVING.with(Cell::get) == 0
+        && crate::global_keys::any_pending()
+    {
+        apply_key_changes().or_raise();
+    }
+}
+
+/// Applies the global key changes recorded since the last statement, each key table's at its
+/// leaseholder (here, or in this transaction's session there), as parts of this transaction.
+pub fn apply_key_changes() -> Result<(), MrError> {
+    for batch in crate::global_keys::take() {
+        let json = serde_json::to_string(&batch)
+            .map_err(|e| MrError::Sidecar(format!("key changes: {e}")))?;
+        pgrx::debug1!("global key changes: {json}");
+        let table = mr_meta::TableRef {
+            database: database(),
+            schema: batch.key_schema.clone(),
+            table: batch.key_table.clone(),
+        };
+        let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
+        let route = sidecar::route(
+            database(),
+            vec![(table, None)],
+            true,
+            true,
+            false,
+            txn_nodes,
+        )?;
+        let sql = "SELECT multiregion.apply_key_changes($1)".to_string();
+        let params = vec![("pg_catalog.jsonb".to_string(), Some(json))];
+        match route.forward_to {
+            Some(node) => {
+                if crate::regions::has_pending_schema_change() {
+                    return Err(MrError::SchemaChangePending { node });
+                }
+                let statement = ForwardStatement {
+                    sql,
+                    params,
+                    lock_timeout_ms: lock_timeout_for_parts(),
+                    partitions: Vec::new(),
+                    moving_from: Vec::new(),
+                };
+                send_step(node, statement, false, true)?;
+            }
+            None => {
+                LOCAL_PART.with(|l| l.set(true));
+                set_local_lock_timeout();
+                let (types, vals): (Vec<String>, Vec<Option<String>>) = params.into_iter().unzip();
+                exec_share(None, &sql, &types, &vals, &[]);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// After a statement: forgets what was kept for it.
 pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
     FORWARDED.with(|f| f.borrow_mut().remove(&(qd as usize)));
@@ -766,22 +855,35 @@ unsafe fn forward_statement(
     };
     // A split statement's share, or one that may leave rows for other leaseholders, is never
     // the whole transaction.
+    // Nor is one that may change global keys: those are applied after it, by this node.
     let whole = statement.partitions.is_empty()
         && !FORWARDED.with(|f| {
             f.borrow()
                 .get(&(qd as *mut pg_sys::QueryDesc as usize))
                 .is_some_and(|x| x.may_move)
-        });
+        })
+        // SAFETY: as this function's contract.
+        && !unsafe { crate::global_keys::may_change_keys(qd) };
     send(node, statement, autocommit && whole)
 }
 
 /// Sends one statement to `node` in this transaction's session there, beginning it if
 /// needed; with `autocommit`, and no other part, it commits there in the same message.
-#[allow(unsafe_code)]
 fn send(
     node: u64,
     statement: ForwardStatement,
     autocommit: bool,
+) -> Result<sidecar::ForwardedRows, MrError> {
+    send_step(node, statement, autocommit, false)
+}
+
+/// [`send`], for global key changes when `keys_only`.
+#[allow(unsafe_code)]
+fn send_step(
+    node: u64,
+    statement: ForwardStatement,
+    autocommit: bool,
+    keys_only: bool,
 ) -> Result<sidecar::ForwardedRows, MrError> {
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
     let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
@@ -789,6 +891,7 @@ fn send(
         let req = REMOTE.with(|r| {
             let mut r = r.borrow_mut();
             let r = &mut r[i];
+            r.keys_only &= keys_only;
             let mut savepoints = std::mem::take(&mut r.pending);
             for id in open.iter().skip(r.savepoints.len()) {
                 savepoints.push(SavepointOp::Savepoint(*id));
@@ -822,6 +925,7 @@ fn send(
             session,
             savepoints: open.clone(),
             pending: Vec::new(),
+            keys_only,
         });
         (req, pin)
     };
@@ -829,7 +933,9 @@ fn send(
         // Recorded before sending: if the answer is lost, the abort still rolls it back.
         REMOTE.with(|r| r.borrow_mut().push(pin));
     }
-    sidecar::forward(node, req)
+    let (rows, keys) = sidecar::forward(node, req)?;
+    crate::global_keys::returned(keys);
+    Ok(rows)
 }
 
 /// Runs `sql` (text parameters) on `node` in this transaction's session there, which ends
@@ -996,8 +1102,13 @@ pub fn pre_commit() -> Result<(), MrError> {
             let _ = finish(r, Finish::Rollback);
         }
     };
+    // Parts holding only global key changes do not count: their statements read nothing the
+    // transaction's snapshot must agree with, and a key another transaction took since it
+    // began is a serialization failure there.
+    let general = remotes.iter().filter(|r| !r.keys_only).count()
+        + usize::from(replication::has_local_changes());
     // SAFETY: reads a backend global.
-    if unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
+    if general > 1 && unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
         // Statements are kept on one node under these levels; this is a backstop.
         roll_back(&remotes);
         return Err(MrError::WriteNotServed {
@@ -1058,6 +1169,10 @@ pub fn pre_prepare() {
 /// remote session also ends when this backend is gone).
 pub fn at_end(aborted: bool) {
     crate::moved::at_end();
+    crate::global_keys::at_end();
+    FINISH_DEPTH.with(|d| d.set(0));
+    FORWARDING.with(|d| d.set(0));
+    SUB_FINISH_DEPTH.with(|s| s.borrow_mut().clear());
     FORWARDED.with(|f| f.borrow_mut().clear());
     COLLECT.with(|c| c.borrow_mut().clear());
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
@@ -1079,7 +1194,11 @@ pub fn at_end(aborted: bool) {
 pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionId) {
     use pg_sys::SubXactEvent::*;
     match event {
-        SUBXACT_EVENT_START_SUB => OPEN_SUBS.with(|o| o.borrow_mut().push(my)),
+        SUBXACT_EVENT_START_SUB => {
+            OPEN_SUBS.with(|o| o.borrow_mut().push(my));
+            let depth = FINISH_DEPTH.with(Cell::get);
+            SUB_FINISH_DEPTH.with(|s| s.borrow_mut().push((my, depth)));
+        }
         SUBXACT_EVENT_COMMIT_SUB | SUBXACT_EVENT_ABORT_SUB => {
             OPEN_SUBS.with(|o| {
                 let mut o = o.borrow_mut();
@@ -1088,6 +1207,11 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                 }
             });
             let abort = event == SUBXACT_EVENT_ABORT_SUB;
+            let ended = SUB_FINISH_DEPTH.with(|s| {
+                let mut s = s.borrow_mut();
+                let at = s.iter().position(|(id, _)| *id == my);
+                at.map(|i| s.split_off(i))
+            });
             REMOTE.with(|r| {
                 for r in r.borrow_mut().iter_mut() {
                     if let Some(pos) = r.savepoints.iter().position(|&s| s == my) {
@@ -1102,7 +1226,11 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
             if abort {
                 // Statements of the rolled-back subtransaction that never ended.
                 RUN_DEPTH.with(|d| d.set(0));
+                if let Some(&(_, depth)) = ended.as_ref().and_then(|e| e.first()) {
+                    FINISH_DEPTH.with(|d| d.set(depth));
+                }
                 crate::moved::sub_aborted(my);
+                crate::global_keys::sub_aborted(my);
             }
         }
         _ => {}
@@ -1110,12 +1238,18 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
 }
 
 /// The columns of `remote_exec()`, in order.
-type RemoteExecRow = (i64, Option<Vec<Option<String>>>, Option<String>);
+type RemoteExecRow = (
+    i64,
+    Option<Vec<Option<String>>>,
+    Option<String>,
+    Option<String>,
+);
 
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
 /// with a NULL `row` when it returns none), and on the first, as JSON, the rows it left for
-/// partitions leased elsewhere (`crate::moved`). With `partitions`, an UPDATE or DELETE changes
+/// partitions leased elsewhere (`crate::moved`) and the changes it made to global keys
+/// (`crate::global_keys`). With `partitions`, an UPDATE or DELETE changes
 /// only rows of those partitions of its target (one share of a statement split over several
 /// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
 /// vouches for the role over the authenticated peer link.
@@ -1134,6 +1268,7 @@ fn remote_exec(
         name!(processed, i64),
         name!(row, Option<Vec<Option<String>>>),
         name!(moved, Option<String>),
+        name!(keys, Option<String>),
     ),
 > {
     struct AsUser(Option<(pg_sys::Oid, i32)>);
@@ -1160,16 +1295,20 @@ fn remote_exec(
     let (processed, rows, moved) =
         exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
     drop(guard);
+    let keys = crate::global_keys::take();
     let processed = processed as i64;
     let mut out: Vec<RemoteExecRow> = rows
         .into_iter()
-        .map(|r| (processed, Some(r), None))
+        .map(|r| (processed, Some(r), None, None))
         .collect();
     if out.is_empty() {
-        out.push((processed, None, None));
+        out.push((processed, None, None, None));
     }
     if !moved.is_empty() {
         out[0].2 = serde_json::to_string(&moved).ok();
+    }
+    if !keys.is_empty() {
+        out[0].3 = serde_json::to_string(&keys).ok();
     }
     TableIterator::new(out)
 }

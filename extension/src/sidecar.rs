@@ -203,13 +203,15 @@ pub type ForwardedRows = (
 /// Longest wait for one forwarded step (pgmr's own bound is 600 s).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
 
-/// Runs one step of this transaction on node `node_id`: its rows and processed count.
-/// Interruptible unless it commits (a cancel cannot take back a commit under way); the
-/// transaction then aborts, and its rollback cancels the remote statement.
+/// Runs one step of this transaction on node `node_id`: its rows and processed count, rows
+/// it left for other leaseholders, and the changes it made to global keys
+/// ([`crate::global_keys`]). Interruptible unless it commits (a cancel cannot take back a
+/// commit under way); the transaction then aborts, and its rollback cancels the remote
+/// statement.
 pub fn forward(
     node_id: u64,
     request: mr_wire::local::ForwardRequest,
-) -> Result<ForwardedRows, MrError> {
+) -> Result<(ForwardedRows, Vec<mr_wire::local::KeyChanges>), MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     let commits = request.finish == Some(mr_wire::local::Finish::Commit);
     let req = LocalRequest::Forward { node_id, request };
@@ -224,7 +226,8 @@ pub fn forward(
             processed,
             rows,
             moved,
-        } => Ok((processed, rows, moved)),
+            keys,
+        } => Ok(((processed, rows, moved), keys)),
         other => Err(write_error("forward", other)),
     }
 }

@@ -17,23 +17,25 @@ BEGIN
   RETURN false;
 END $$;
 CREATE VIEW pg_temp.my_ranges AS
-  SELECT table_name, partition, voting_replicas, non_voting_replicas, replica_regions
+  SELECT schema_name, table_name, partition, voting_replicas, non_voting_replicas, replica_regions
   FROM multiregion.ranges WHERE database_name = 'regress_ranges'
-  ORDER BY table_name, partition NULLS FIRST;
+  ORDER BY table_name, schema_name, partition NULLS FIRST;
 
 -- A database without regions: CockroachDB's default, three voters anywhere.
 CREATE TABLE plain (id int PRIMARY KEY, v text);
 SELECT pg_temp.await($$SELECT count(*) = 1 FROM pg_temp.my_ranges$$);
 SELECT * FROM pg_temp.my_ranges;
 
--- Multi-region: voters and the lease at home, a non-voter in every other region.
+-- Multi-region: voters and the lease at home, a non-voter in every other region. The
+-- REGIONAL BY ROW table's key without its region is kept unique by a key table, a range of
+-- its own in the primary region.
 SELECT multiregion.execute('ALTER DATABASE regress_ranges PRIMARY REGION "us-east1"');
 SELECT multiregion.execute('ALTER DATABASE regress_ranges ADD REGION "us-west1"');
 SELECT multiregion.execute('ALTER DATABASE regress_ranges ADD REGION "europe-west1"');
 SELECT multiregion.execute('CREATE TABLE promo (code text PRIMARY KEY) LOCALITY GLOBAL');
 SELECT multiregion.execute('CREATE TABLE west (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1"');
 SELECT multiregion.execute('CREATE TABLE users (id int PRIMARY KEY, name text) LOCALITY REGIONAL BY ROW');
-SELECT pg_temp.await($$SELECT count(*) = 6 AND bool_and(cardinality(voting_replicas) = 1)
+SELECT pg_temp.await($$SELECT count(*) = 7 AND bool_and(cardinality(voting_replicas) = 1)
                        FROM pg_temp.my_ranges$$);
 SELECT * FROM pg_temp.my_ranges;
 

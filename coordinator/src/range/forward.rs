@@ -92,6 +92,7 @@ impl Ranges {
                 processed: 0,
                 rows: Vec::new(),
                 moved: Vec::new(),
+                keys: Vec::new(),
             };
         }
         let ends = req.finish.is_some();
@@ -228,6 +229,7 @@ impl Ranges {
                     processed: 0,
                     rows: Vec::new(),
                     moved: Vec::new(),
+                    keys: Vec::new(),
                 }
             }
             (None, None) => {
@@ -280,10 +282,11 @@ impl Ranges {
             }
         }
         match outcome {
-            Ok(Outcome::Rows((processed, rows, moved))) => LocalResponse::Forwarded {
+            Ok(Outcome::Rows((processed, rows, moved, keys))) => LocalResponse::Forwarded {
                 processed,
                 rows,
                 moved,
+                keys,
             },
             // A part that wrote and locked nothing committed instead of preparing.
             Ok(Outcome::CommittedReadOnly) => LocalResponse::Done,
@@ -491,6 +494,18 @@ enum Step {
     Broken(SqlError),
 }
 
+/// What `remote_exec` returned in a JSON column, or a broken step if it cannot be read.
+fn unreadable<T>(what: &str, parsed: Result<Vec<T>, serde_json::Error>) -> Result<Vec<T>, Step> {
+    parsed.map_err(|e| {
+        Step::Broken(SqlError {
+            code: "XX000".into(),
+            message: format!("remote_exec returned unreadable {what}: {e}"),
+            detail: None,
+            hint: None,
+        })
+    })
+}
+
 /// What a step did.
 enum Outcome {
     Rows(Rows),
@@ -501,8 +516,16 @@ enum Outcome {
 
 /// A row as text, as `remote_exec` returns it.
 type TextRow = Vec<Option<String>>;
-/// Rows processed, the rows returned, and rows left for other partitions' leaseholders.
-type Rows = (u64, Vec<TextRow>, Vec<mr_wire::local::MovedRows>);
+/// A row of `remote_exec`: rows processed, a row, moved rows and key changes as JSON.
+type ExecRow = (i64, Option<TextRow>, Option<String>, Option<String>);
+/// Rows processed, the rows returned, rows left for other partitions' leaseholders, and
+/// changes to global keys left for the key tables' leaseholders.
+type Rows = (
+    u64,
+    Vec<TextRow>,
+    Vec<mr_wire::local::MovedRows>,
+    Vec<mr_wire::local::KeyChanges>,
+);
 
 async fn run_steps(
     conn: &mut PgConnection,
@@ -522,7 +545,7 @@ async fn run_steps(
             remote.failed.store(false, Ordering::SeqCst);
         }
     }
-    let mut out: Rows = (0, Vec::new(), Vec::new());
+    let mut out: Rows = (0, Vec::new(), Vec::new(), Vec::new());
     if let Some(st) = &req.statement {
         if let Some(ms) = st.lock_timeout_ms {
             let set = sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
@@ -546,7 +569,7 @@ async fn run_steps(
         }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
-            "SELECT processed, \"row\", moved FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
+            "SELECT processed, \"row\", moved, keys FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
         .bind(remote.role.clone())
         .bind(remote.gateway_region.clone())
@@ -561,27 +584,20 @@ async fn run_steps(
             Err(e) => return Err(failed(remote, e)),
         };
         for r in rows {
-            let decoded: Result<(i64, Option<TextRow>, Option<String>), sqlx::Error> = r
+            let decoded: Result<ExecRow, _> = r
                 .try_get(0)
-                .and_then(|p| Ok((p, r.try_get(1)?, r.try_get(2)?)));
+                .and_then(|p| Ok((p, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)));
             match decoded {
-                Ok((processed, row, moved)) => {
+                Ok((processed, row, moved, keys)) => {
                     out.0 = processed.max(0) as u64;
                     out.1.extend(row);
                     if let Some(m) = moved {
-                        match serde_json::from_str::<Vec<mr_wire::local::MovedRows>>(&m) {
-                            Ok(m) => out.2.extend(m),
-                            Err(e) => {
-                                return Err(Step::Broken(SqlError {
-                                    code: "XX000".into(),
-                                    message: format!(
-                                        "remote_exec returned unreadable moved rows: {e}"
-                                    ),
-                                    detail: None,
-                                    hint: None,
-                                }))
-                            }
-                        }
+                        out.2
+                            .extend(unreadable("moved rows", serde_json::from_str(&m))?);
+                    }
+                    if let Some(k) = keys {
+                        out.3
+                            .extend(unreadable("key changes", serde_json::from_str(&k))?);
                     }
                 }
                 Err(e) => return Err(Step::Broken(sql_error(&e))),
@@ -599,11 +615,11 @@ async fn run_steps(
     }
     // Rows left for other partitions' leaseholders join the transaction after this step:
     // it cannot end here.
-    if !out.2.is_empty() && req.finish.is_some() {
+    if (!out.2.is_empty() || !out.3.is_empty()) && req.finish.is_some() {
         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
         return Err(Step::Sql(SqlError {
             code: "0A000".into(),
-            message: "the statement wrote rows into partitions leased on other nodes, and was sent to be committed at once".into(),
+            message: "the statement wrote rows or keys leased on other nodes, and was sent to be committed at once".into(),
             detail: None,
             hint: Some("This is a bug in statement routing: please report it with the statement.".into()),
         }));

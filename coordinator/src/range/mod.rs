@@ -1227,7 +1227,7 @@ impl Ranges {
     /// Where a statement over `targets` runs (§9 of ARCHITECTURE.md): a write on the node
     /// that leases every range it touches (here, or forwarded there); a read here when this
     /// node holds a replica of every range (after its read barrier), else on the one node
-    /// that leases them all. A write over ranges leased on several nodes runs here and is
+    /// that leases them all, else on the nearest node that holds a replica of each. A write over ranges leased on several nodes runs here and is
     /// refused at commit if it wrote a range leased elsewhere (it would need splitting).
     /// `Ok(None)`: run here. Errors as [`Self::read_barrier`].
     pub async fn route(
@@ -1339,8 +1339,16 @@ impl Ranges {
             self.barrier(read).await?;
             return Ok(here(true));
         }
+        if let Some(h) = one_holder.filter(|&h| h != self.me) {
+            return Ok(there(h));
+        }
+        // Leased on several nodes, and this node lacks a copy of some: the whole statement
+        // (an aggregate, a sort, a join) reads on a node that holds a copy of every range,
+        // after its read barrier there.
+        if let Some(n) = self.full_copy_node(&ranges) {
+            return Ok(there(n));
+        }
         match one_holder {
-            Some(h) if h != self.me => Ok(there(h)),
             // A scan of one REGIONAL BY ROW table: each leaseholder reads its partitions.
             _ if splittable => Ok(Route {
                 enabled: true,
@@ -1364,6 +1372,41 @@ impl Ranges {
                 })
             }
         }
+    }
+
+    /// The nearest live node but this one that holds a replica of every one of `ranges`
+    /// (voting or not): one of this node's region first, then the lowest id.
+    fn full_copy_node(&self, ranges: &BTreeSet<(u64, Option<u64>)>) -> Option<u64> {
+        let now = crate::node::now_ms();
+        self.meta.read(|s| {
+            let region = |n: u64| {
+                s.node(n)
+                    .and_then(|r| mr_topology::Locality::parse(&r.locality).ok())
+                    .map(|l| l.region().to_string())
+            };
+            let mut holders: Option<BTreeSet<u64>> = None;
+            for &(range_id, _) in ranges {
+                let with: BTreeSet<u64> = s
+                    .range(range_id)?
+                    .replicas
+                    .iter()
+                    .map(|r| r.node_id)
+                    .collect();
+                holders = Some(match holders {
+                    None => with,
+                    Some(h) => h.intersection(&with).copied().collect(),
+                });
+            }
+            let mine = region(self.me);
+            holders?
+                .into_iter()
+                .filter(|&n| {
+                    n != self.me
+                        && s.node(n)
+                            .is_some_and(|r| r.status(now) == mr_meta::NodeStatus::Live)
+                })
+                .min_by_key(|&n| (region(n) != mine, n))
+        })
     }
 
     /// Each leaseholder of `targets` (partitions of one table) with the partitions it leases.

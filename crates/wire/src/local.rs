@@ -1,6 +1,7 @@
 //! The local channel: what a PostgreSQL backend may ask its node's pgmr.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// The metadata records the schema-change requests carry, re-exported so the extension needs
 /// no direct dependency on `mr-meta`.
@@ -396,6 +397,64 @@ pub struct MovedRows {
     pub rows: Vec<String>,
 }
 
+/// Changes a statement made to the keys of one global key table (a REGIONAL BY ROW table's
+/// unique key without its region), left for the origin of its transaction to apply at the key
+/// table's leaseholder, where PostgreSQL's own unique index decides (ARCHITECTURE.md §7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyChanges {
+    /// The key table (in schema `multiregion_keys`).
+    pub key_schema: String,
+    pub key_table: String,
+    /// The table whose key it keeps, and the constraint that declares the key.
+    pub parent_schema: String,
+    pub parent_table: String,
+    pub constraint: String,
+    /// Each row's key before and after, as JSON objects of column to value (`None`: the row
+    /// was inserted, or deleted).
+    pub changes: Vec<(Option<String>, Option<String>)>,
+}
+
+impl KeyChanges {
+    /// Drops each key the statement both released and took again in the same form (a row
+    /// moved between partitions): such a key stays as it is, and a statement that only moved
+    /// rows need not reach the key table's leaseholder at all. Keys equal in value but
+    /// printed differently are left for the key table's leaseholder, which compares values.
+    pub fn cancel_moves(&mut self) {
+        let mut taken: HashMap<String, usize> = HashMap::new();
+        for (old, new) in &self.changes {
+            if let (None, Some(k)) = (old, new) {
+                *taken.entry(k.clone()).or_default() += 1;
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        // Per key, how many releases found a take to cancel against.
+        let mut cancelled: HashMap<String, usize> = HashMap::new();
+        self.changes.retain(|(old, new)| match (old, new) {
+            (Some(k), None) => match taken.get_mut(k) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    *cancelled.entry(k.clone()).or_default() += 1;
+                    false
+                }
+                _ => true,
+            },
+            _ => true,
+        });
+        self.changes.retain(|(old, new)| match (old, new) {
+            (None, Some(k)) => match cancelled.get_mut(k) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    false
+                }
+                _ => true,
+            },
+            _ => true,
+        });
+    }
+}
+
 /// One range of a table, as `TableRanges` answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TableRange {
@@ -548,6 +607,10 @@ pub enum LocalResponse {
         /// there, for the origin to write at their leaseholders in the same transaction.
         #[serde(default)]
         moved: Vec<MovedRows>,
+        /// Changes the statement made to global keys, for the origin to apply at their key
+        /// tables' leaseholders in the same transaction.
+        #[serde(default)]
+        keys: Vec<KeyChanges>,
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),
@@ -780,6 +843,43 @@ pub struct RangeRow {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn keys(changes: &[(Option<&str>, Option<&str>)]) -> KeyChanges {
+        KeyChanges {
+            key_schema: "multiregion_keys".into(),
+            key_table: "users".into(),
+            parent_schema: "public".into(),
+            parent_table: "users".into(),
+            constraint: "users_pkey".into(),
+            changes: changes
+                .iter()
+                .map(|(o, n)| (o.map(str::to_string), n.map(str::to_string)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_key_released_and_taken_again_by_one_statement_cancels_out() {
+        let mut k = keys(&[
+            (Some("a"), None),
+            (None, Some("b")),
+            (None, Some("a")),
+            (Some("c"), None),
+            (Some("d"), Some("e")),
+        ]);
+        k.cancel_moves();
+        assert_eq!(
+            k,
+            keys(&[(None, Some("b")), (Some("c"), None), (Some("d"), Some("e"))])
+        );
+    }
+
+    #[test]
+    fn a_key_taken_twice_and_released_once_keeps_one_take() {
+        let mut k = keys(&[(None, Some("a")), (Some("a"), None), (None, Some("a"))]);
+        k.cancel_moves();
+        assert_eq!(k, keys(&[(None, Some("a"))]));
+    }
 
     /// The schema-change requests' JSON, as the extension and pgmr exchange it.
     #[test]

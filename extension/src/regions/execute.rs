@@ -74,13 +74,23 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
     })?;
     let mut effect = Effect::default();
     let multi_region = || catalog::load(false).0.is_some();
+    // Plain DDL through this door reaches every node as it does at top level (where the
+    // ProcessUtility hook sends it; nested here, it does not see it): in any database,
+    // whether it has regions or not.
+    let replicated = || {
+        multi_region()
+            || (matches!(origin, Origin::User)
+                && crate::gucs::sidecar_socket().is_some()
+                && crate::gucs::replicate_ddl()
+                && super::replicate::database_replicates_ddl())
+    };
     if matches!(&stmt, Some(s) if mr_sql::show_columns(s).is_none()) {
         restart_idle_readers();
     }
     let out = match &stmt {
         None => {
             spi::run(sql);
-            effect.changed = is_ddl(sql) && multi_region();
+            effect.changed = is_ddl(sql) && replicated();
             tag("OK")
         }
         Some(s @ Statement::AlterDatabasePrimaryRegion { .. }) => {
@@ -138,7 +148,7 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
                 let relid = resolve_table(&object_sql(table))?;
                 set_locality(relid, locality, &mut effect)?;
             }
-            effect.changed |= multi_region();
+            effect.changed |= replicated();
             tag("CREATE TABLE")
         }
         Some(Statement::AlterTableSetLocality { table, locality }) => {
@@ -148,7 +158,7 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
         }
         Some(Statement::Rewritten { sql: rewritten }) => {
             spi::run(rewritten);
-            effect.changed = multi_region();
+            effect.changed = replicated();
             tag("ALTER TABLE")
         }
         Some(show_stmt) => show::run(show_stmt)?,

@@ -34,12 +34,13 @@ struct ChangeRecord {
 
 /// Whether pg_class row `c` (in namespace `n`) is a replicated table: a permanent table that
 /// is not a partition (a REGIONAL BY ROW table's partitions are ranges of their table),
-/// outside PostgreSQL's and the extension's own schemas (global key tables are derived on
-/// each node) and not the extension's. A SQL condition, for `concat!`.
+/// outside PostgreSQL's and the extension's own schema (global key tables, in
+/// `multiregion_keys`, are replicated like any table) and not the extension's. A SQL
+/// condition, for `concat!`.
 macro_rules! replicated_table {
     () => {
         "c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
-         AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
+         AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion') \
          AND n.nspname NOT LIKE 'pg\\_%' \
          AND NOT EXISTS (SELECT FROM pg_catalog.pg_depend d \
            WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = c.oid AND d.deptype = 'e')"
@@ -651,14 +652,21 @@ fn role_sql(name: &str, create: bool, options: &[String]) -> String {
 /// Replicates a schema change a client just made here, in a database of the cluster (one with
 /// the extension, not a template): kept for the proposal when the transaction commits, so
 /// the local change and the other nodes' commit or neither does.
-pub(crate) fn replicate_ddl(ddl: Ddl) {
-    let eligible = spi::one(
+/// Whether this database's schema changes reach every node: it is not a template, and it
+/// has the extension.
+pub(super) fn database_replicates_ddl() -> bool {
+    spi::one(
         "SELECT (NOT d.datistemplate AND EXISTS \
            (SELECT FROM pg_catalog.pg_extension WHERE extname = 'pg_multiregion'))::text \
          FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database()",
         vec![],
-    );
-    if eligible.as_deref() != Some("true") {
+    )
+    .as_deref()
+        == Some("true")
+}
+
+pub(crate) fn replicate_ddl(ddl: Ddl) {
+    if !database_replicates_ddl() {
         return;
     }
     let effect = super::Effect {
