@@ -248,7 +248,13 @@ gateway_phase() {
                   JOIN multiregion.ranges r USING (range_id) \
                  WHERE r.database_name = 'movr_app_replicated'") &&
            echo "replicas differing: $consistent" &&
-           [[ "$consistent" == "0 of "* && "$consistent" != "0 of 0" ]]; } >"$out/app-replicated.log" 2>&1; then
+           [[ "$consistent" == "0 of "* && "$consistent" != "0 of 0" ]] ||
+           { "${psql_gw[@]}" -d movr_app_replicated -c \
+                 "SELECT c.*, r.schema_name, r.table_name, r.partition \
+                    FROM multiregion.check_consistency() c \
+                    JOIN multiregion.ranges r USING (range_id) \
+                   WHERE r.database_name = 'movr_app_replicated' ORDER BY range_id, node_id"; false; }; } \
+           >"$out/app-replicated.log" 2>&1; then
         cat "$out/app-replicated.log"
         failed+=(gateway-app-replicated)
     fi

@@ -78,9 +78,6 @@ DECLARE
     match_new text;
     inserted int;
     holders bigint;
-    moving_from text;
-    region_col name;
-    same_row text;
 BEGIN
     SELECT g.columns, g.relid INTO cols, parent FROM multiregion.global_key g
      WHERE g.relid = TG_RELID AND g.key_table = v_key_table
@@ -124,12 +121,7 @@ BEGIN
                         JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
         holders := multiregion.count_local(
             format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 1) s', parent, match_old),
-            old_key, NULL, NULL);
-        -- A row this transaction moved to a partition leased on another node still holds
-        -- the key there.
-        IF holders = 0 AND multiregion.moved_away(parent, old_key) THEN
-            holders := 1;
-        END IF;
+            old_key);
         IF holders = 0 THEN
             IF TG_OP = 'UPDATE' AND new_key IS NOT NULL
                AND NOT EXISTS (SELECT 1 FROM jsonb_each(new_key) e WHERE e.value = 'null') THEN
@@ -154,33 +146,9 @@ BEGIN
                                                    format_type(a.atttypid, a.atttypmod)), ' AND ')
                             FROM unnest(cols) c
                             JOIN pg_catalog.pg_attribute a ON a.attrelid = v_key_table AND a.attname = c);
-            -- A row this transaction moves here from a partition leased on another node is
-            -- deleted there, out of sight of this copy: while moved rows are written,
-            -- multiregion.moving_from names the partitions they left (routing.rs, moved.rs),
-            -- and the old copy of this same row (same primary key but for the region) there
-            -- is not another holder. Any other row is.
-            moving_from := nullif(current_setting('multiregion.moving_from', true), '');
-            IF moving_from IS NOT NULL THEN
-                SELECT l.region_column INTO region_col FROM multiregion.table_locality l
-                 WHERE l.relid = parent;
-                SELECT string_agg(format('%I IS NOT DISTINCT FROM ($3 ->> %L)::%s', a.attname, a.attname,
-                                         format_type(a.atttypid, a.atttypmod)), ' AND ')
-                  INTO same_row
-                  FROM pg_catalog.pg_index i
-                  CROSS JOIN LATERAL unnest(i.indkey) k(attnum)
-                  JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                 WHERE i.indrelid = parent AND i.indisprimary AND a.attname <> region_col;
-            END IF;
-            IF region_col IS NOT NULL AND same_row IS NOT NULL THEN
-                holders := multiregion.count_local(
-                    format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s AND NOT (%I::text = ANY ($2) AND %s) LIMIT 2) s',
-                           parent, match_new, region_col, same_row),
-                    new_key, string_to_array(moving_from, ','), to_jsonb(NEW));
-            ELSE
-                holders := multiregion.count_local(
-                    format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s', parent, match_new),
-                    new_key, NULL, NULL);
-            END IF;
+            holders := multiregion.count_local(
+                format('SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT 2) s', parent, match_new),
+                new_key);
             -- A replica applies what the leaseholders decided, in each range's own order: a
             -- row moved between ranges may arrive before its old copy leaves.
             IF holders > 1 AND current_setting('session_replication_role') <> 'replica' THEN

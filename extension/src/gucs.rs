@@ -38,11 +38,6 @@ static PREPARE_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::
 /// nodes ends by this timeout (55P03) instead of never. 0 turns it off.
 static DISTRIBUTED_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
-/// Set (transaction-local) while rows an UPDATE moved from these partitions are written at
-/// their new partition's leaseholder: their old copies, deleted on another node in the same
-/// transaction, are not other holders of their globally unique keys. Superuser-only, as it
-/// relaxes a uniqueness check: pgmr sets it, or the extension itself.
-static MOVING_FROM: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 /// Upper bound on one call to pgmr, so that a stuck pgmr cannot hang a backend.
 static SIDECAR_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(2000);
 
@@ -120,36 +115,7 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::NO_SHOW_ALL,
     );
-    GucRegistry::define_string_guc(
-        c"multiregion.moving_from",
-        c"Set while rows moved from these partitions are written at their new leaseholder.",
-        c"Their old copies do not count against globally unique keys.",
-        &MOVING_FROM,
-        GucContext::Suset,
-        GucFlags::NO_SHOW_ALL,
-    );
     reserve_prefix();
-}
-
-/// Sets `multiregion.moving_from` for the rest of this transaction (empty: unset), as the
-/// extension: the setting is superuser-only for sessions.
-#[allow(unsafe_code)]
-pub fn set_moving_from(partitions: &str) {
-    let value = CString::new(partitions).unwrap_or_default();
-    // SAFETY: both strings are NUL-terminated and outlive the call; a transaction-local
-    // assignment in superuser context is how PostgreSQL's own code sets such settings.
-    unsafe {
-        pg_sys::set_config_option(
-            c"multiregion.moving_from".as_ptr(),
-            value.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_LOCAL,
-            true,
-            0,
-            false,
-        );
-    }
 }
 
 /// The lock timeout for a statement of a transaction with parts on several nodes, given the

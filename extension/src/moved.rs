@@ -18,19 +18,9 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::CStr;
 
 /// (schema, table, partition).
 type Partition = (String, String, String);
-
-/// A row moved out of this node's copy: the subtransaction that moved it, its table's
-/// (schema, name) and its columns.
-type MovedAway = (
-    pg_sys::SubTransactionId,
-    String,
-    String,
-    serde_json::Map<String, serde_json::Value>,
-);
 
 /// One running statement whose rows may belong elsewhere.
 struct Scope {
@@ -44,51 +34,6 @@ struct Scope {
 thread_local! {
     /// Innermost last: a statement run by another's trigger or function nests.
     static SCOPES: RefCell<Vec<Scope>> = const { RefCell::new(Vec::new()) };
-    /// Rows this transaction moved out of this node's copy (by their table), until it ends:
-    /// a key one of them holds still has a holder, elsewhere.
-    static MOVED_AWAY: RefCell<Vec<MovedAway>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Transaction end: forgets the rows it moved away.
-pub fn at_end() {
-    MOVED_AWAY.with(|m| m.borrow_mut().clear());
-}
-
-/// A subtransaction rolled back: the rows it (or one inside it) moved are back.
-pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
-    MOVED_AWAY.with(|m| m.borrow_mut().retain(|(s, ..)| *s < sub));
-}
-
-/// Whether this transaction moved a row of table `parent` holding `key` (column to value)
-/// to another node's partition: a global key table keeps such a key (the row still holds it,
-/// where it went) rather than deleting it, which would cascade or fail foreign keys.
-#[pg_extern(schema = "multiregion")]
-#[allow(unsafe_code)]
-fn moved_away(parent: pg_sys::Oid, key: pgrx::JsonB) -> bool {
-    let serde_json::Value::Object(key) = key.0 else {
-        return false;
-    };
-    if MOVED_AWAY.with(|m| m.borrow().is_empty()) {
-        return false;
-    }
-    // SAFETY: catalog lookups by OID; NULL (no such relation) is checked.
-    let (schema, table) = unsafe {
-        let name = pg_sys::get_rel_name(parent);
-        let ns = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(parent));
-        if name.is_null() || ns.is_null() {
-            return false;
-        }
-        (
-            CStr::from_ptr(ns).to_string_lossy().into_owned(),
-            CStr::from_ptr(name).to_string_lossy().into_owned(),
-        )
-    };
-    // Both sides are to_jsonb of the row's columns: equal values are equal JSON.
-    MOVED_AWAY.with(|m| {
-        m.borrow().iter().any(|(_, s, t, row)| {
-            *s == schema && *t == table && key.iter().all(|(k, v)| row.get(k) == Some(v))
-        })
-    })
 }
 
 /// Collects rows for partitions leased elsewhere until [`Collecting::finish`] (or its drop,
@@ -227,14 +172,6 @@ pub fn route_row<'a>(
                 MrError::Sidecar("could not read a row for another node's partition".into()).raise()
             })
     };
-    if let Ok(serde_json::Value::Object(obj)) = serde_json::from_str::<serde_json::Value>(&row) {
-        // SAFETY: reads the current subtransaction's id.
-        let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
-        MOVED_AWAY.with(|m| {
-            m.borrow_mut()
-                .push((sub, partition.0.clone(), partition.1.clone(), obj))
-        });
-    }
     SCOPES.with(|s| {
         if let Some(sc) = s.borrow_mut().last_mut() {
             sc.moved.entry(partition).or_default().push(row);

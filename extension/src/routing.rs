@@ -52,8 +52,6 @@ struct Forwarded {
     /// It may write rows into partitions leased elsewhere (so it is never sent as a whole
     /// autocommit transaction: those rows join the transaction after it ran).
     may_move: bool,
-    /// The partitions rows it moves come from (an UPDATE's).
-    sources: Vec<String>,
     /// Runs with this lock timeout there (the transaction has parts on several nodes).
     lock_timeout_ms: Option<u64>,
     /// Its rows once it ran, and how many were handed to the destination.
@@ -67,8 +65,6 @@ struct Forwarded {
 struct Collect {
     /// Why it must see every row it writes itself, if it must.
     refuse: Option<&'static str>,
-    /// The partitions rows it moves come from.
-    sources: Vec<String>,
 }
 
 /// Why a statement that wrote rows for another node's partition could not let them go.
@@ -224,12 +220,6 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     let dynamic_params = unsafe { !qd.params.is_null() && (*qd.params).paramFetch.is_some() };
     // SAFETY: as this function's contract.
     let may_move = unsafe { replication::may_move_rows(qd) };
-    // The partitions rows an UPDATE moves come from: those it was planned over.
-    let sources: Vec<String> = if qd.operation == pg_sys::CmdType::CMD_UPDATE {
-        targets.iter().filter_map(|(_, p)| p.clone()).collect()
-    } else {
-        Vec::new()
-    };
     let refuse_dynamic = |node: u64| {
         if dynamic_params {
             // PL/pgSQL resolves its variables while parsing: the statement's text alone
@@ -272,7 +262,6 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     node,
                     shares: Vec::new(),
                     may_move,
-                    sources: sources.clone(),
                     lock_timeout_ms: several.then(lock_timeout_for_parts).flatten(),
                     rows: None,
                     next: 0,
@@ -332,7 +321,6 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                         node,
                         shares: r.split,
                         may_move,
-                        sources: Vec::new(),
                         lock_timeout_ms,
                         rows: None,
                         next: 0,
@@ -372,15 +360,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                             None
                         }
                     };
-                    COLLECT.with(|c| {
-                        c.borrow_mut().insert(
-                            key,
-                            Collect {
-                                refuse,
-                                sources: sources.clone(),
-                            },
-                        )
-                    });
+                    COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse }));
                 }
                 if has_remotes {
                     set_local_lock_timeout();
@@ -463,7 +443,7 @@ pub unsafe fn executor_run(
                 run();
                 let moved = collecting.finish();
                 if !moved.is_empty() {
-                    let n = write_moved(moved, &c.sources).or_raise();
+                    let n = write_moved(moved).or_raise();
                     // SAFETY: the QueryDesc has run; its estate is valid until ExecutorEnd.
                     unsafe { (*(*qd).estate).es_processed += n };
                 }
@@ -519,13 +499,7 @@ unsafe fn run_forwarded(
             unsafe { run_shares(qd, shares) }.or_raise()
         };
         if !moved.is_empty() {
-            let sources = FORWARDED.with(|f| {
-                f.borrow()
-                    .get(&key)
-                    .map(|x| x.sources.clone())
-                    .unwrap_or_default()
-            });
-            processed += write_moved(moved, &sources).or_raise();
+            processed += write_moved(moved).or_raise();
         }
         FORWARDED.with(|f| {
             if let Some(x) = f.borrow_mut().get_mut(&key) {
@@ -696,7 +670,6 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                     params,
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
-                    moving_from: Vec::new(),
                 };
                 send_step(node, statement, false, true)?;
             }
@@ -744,15 +717,11 @@ unsafe fn run_shares(
         };
         processed += n;
         rows.append(&mut r);
-        if !m.is_empty() {
-            moved.push((std::mem::take(&mut m), partitions));
-        }
+        moved.append(&mut m);
     }
     // Written once every share has run, so that no share sees (and changes again) a row
     // another share moved into its partitions, as one statement never sees its own rows.
-    for (m, sources) in moved {
-        processed += write_moved(m, &sources)?;
-    }
+    processed += write_moved(moved)?;
     Ok((processed, rows, Vec::new()))
 }
 
@@ -769,9 +738,9 @@ fn set_local_lock_timeout() {
 
 /// Writes rows a statement left for partitions leased elsewhere at their leaseholders (or
 /// here, where this node leases the partition), as parts of this transaction: the number of
-/// rows written. Rows an UPDATE moved come from `sources`, where the transaction deleted
-/// their old copies: those do not count against their globally unique keys.
-fn write_moved(moved: Vec<mr_wire::local::MovedRows>, sources: &[String]) -> Result<u64, MrError> {
+/// rows written. Their global keys are applied with the statement's other key changes
+/// (`crate::global_keys`), where a moved row's key released and taken again stays.
+fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
     let mut written = 0;
     for m in moved {
         let sql = crate::moved::insert_sql(&m);
@@ -800,17 +769,13 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>, sources: &[String]) -> Res
                     params: vec![("pg_catalog.json".into(), Some(json))],
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
-                    moving_from: sources.to_vec(),
                 };
                 send(node, statement, false)?
             }
             None => {
                 LOCAL_PART.with(|l| l.set(true));
                 set_local_lock_timeout();
-                gucs::set_moving_from(&sources.join(","));
-                let r = exec_share(None, &sql, &["pg_catalog.json".into()], &[Some(json)], &[]);
-                gucs::set_moving_from("");
-                r
+                exec_share(None, &sql, &["pg_catalog.json".into()], &[Some(json)], &[])
             }
         };
         if !again.is_empty() {
@@ -949,7 +914,6 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
             .collect(),
         lock_timeout_ms: None,
         partitions: Vec::new(),
-        moving_from: Vec::new(),
     };
     send(node, statement, false).map(drop)
 }
@@ -1024,7 +988,6 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             params,
             lock_timeout_ms: None,
             partitions: Vec::new(),
-            moving_from: Vec::new(),
         }
     }
 }
@@ -1168,7 +1131,6 @@ pub fn pre_prepare() {
 /// Transaction end: an aborted transaction's remote part is rolled back (best effort: the
 /// remote session also ends when this backend is gone).
 pub fn at_end(aborted: bool) {
-    crate::moved::at_end();
     crate::global_keys::at_end();
     FINISH_DEPTH.with(|d| d.set(0));
     FORWARDING.with(|d| d.set(0));
@@ -1229,7 +1191,6 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                 if let Some(&(_, depth)) = ended.as_ref().and_then(|e| e.first()) {
                     FINISH_DEPTH.with(|d| d.set(depth));
                 }
-                crate::moved::sub_aborted(my);
                 crate::global_keys::sub_aborted(my);
             }
         }
@@ -1486,17 +1447,12 @@ fn exec_share(
     (processed, rows, moved)
 }
 
-/// The count a query over this node's copy returns (`$1`: `key`, `$2`: `exclude`, `$3`: `row`), read as
-/// the copy is: not routed to leaseholders and without a read barrier. For the global key
-/// tables' checks, which are of this node's copy by design (each node derives its key tables
-/// from the rows it holds); EXECUTE is revoked from PUBLIC.
+/// The count a query over this node's copy returns (`$1`: `key`), read as the copy is: not
+/// routed to leaseholders and without a read barrier. For the global key tables' checks with
+/// row replication off, which are of this node's copy by design (each node then keeps its
+/// own key tables from the rows it holds); EXECUTE is revoked from PUBLIC.
 #[pg_extern(schema = "multiregion")]
-fn count_local(
-    sql: &str,
-    key: pgrx::JsonB,
-    exclude: Option<Vec<String>>,
-    row: Option<pgrx::JsonB>,
-) -> i64 {
+fn count_local(sql: &str, key: pgrx::JsonB) -> i64 {
     struct Local;
     impl Drop for Local {
         fn drop(&mut self) {
@@ -1505,11 +1461,7 @@ fn count_local(
     }
     LOCAL_READS.with(|l| l.set(l.get() + 1));
     let _local = Local;
-    let args = vec![
-        pgrx::datum::DatumWithOid::from(key),
-        pgrx::datum::DatumWithOid::from(exclude),
-        pgrx::datum::DatumWithOid::from(row),
-    ];
+    let args = vec![pgrx::datum::DatumWithOid::from(key)];
     Spi::get_one_with_args::<i64>(sql, &args)
         .unwrap_or_else(|e| {
             MrError::Sidecar(format!("count_local: {e}")).raise();
@@ -1520,7 +1472,7 @@ fn count_local(
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb, text[], jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb) FROM PUBLIC;
 "#,
     name = "routing",
     requires = [remote_exec, count_local]

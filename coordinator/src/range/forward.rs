@@ -556,17 +556,6 @@ async fn run_steps(
                 return Err(failed(remote, e));
             }
         }
-        let moving = !st.moving_from.is_empty();
-        if moving {
-            let set =
-                sqlx::query("SELECT pg_catalog.set_config('multiregion.moving_from', $1, true)")
-                    .bind(st.moving_from.join(","))
-                    .execute(&mut *conn)
-                    .await;
-            if let Err(e) = set {
-                return Err(failed(remote, e));
-            }
-        }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
             "SELECT processed, \"row\", moved, keys FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
@@ -601,15 +590,6 @@ async fn run_steps(
                     }
                 }
                 Err(e) => return Err(Step::Broken(sql_error(&e))),
-            }
-        }
-        if moving {
-            let reset =
-                sqlx::query("SELECT pg_catalog.set_config('multiregion.moving_from', '', true)")
-                    .execute(&mut *conn)
-                    .await;
-            if let Err(e) = reset {
-                return Err(failed(remote, e));
             }
         }
     }

@@ -369,11 +369,6 @@ pub struct ForwardStatement {
     /// over several leaseholders); empty: the whole statement.
     #[serde(default)]
     pub partitions: Vec<String>,
-    /// Writes rows this transaction moves from these partitions of the same table, whose old
-    /// copies it deletes on another node: they do not count as other holders of a globally
-    /// unique key (`multiregion.moving_from` while it runs).
-    #[serde(default)]
-    pub moving_from: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
