@@ -2233,7 +2233,8 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
 /// leaseholder, succeeds exactly once; a key taken in one region cannot be taken in another,
 /// until its row is deleted; a REPEATABLE READ transaction in a non-primary region still
 /// commits (its key part pins nothing); a row moved between regions keeps its key (a row
-/// referencing it is no obstacle); and every node ends with the same keys, one per row.
+/// referencing it is no obstacle); every node ends with the same keys, one per row; and a
+/// TRUNCATE releases every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_is_unique_across_regions_even_when_two_regions_take_it_at_once() {
     let dir = scratch("data-global-keys");
@@ -2340,6 +2341,50 @@ async fn a_key_is_unique_across_regions_even_when_two_regions_take_it_at_once() 
         assert_eq!(keys, want);
     }
     no_prepared_transactions(&nodes).await;
+
+    // TRUNCATE releases every key (it fires no row trigger): in a database with one region,
+    // whose only partition and key table the us-east1 node leases, as TRUNCATE needs.
+    let mut c = nodes[0].sql().await;
+    exec(&mut c, "CREATE DATABASE solo").await;
+    let mut solo = eventually("database solo", Duration::from_secs(30), || {
+        connect(&nodes[0], "solo")
+    })
+    .await;
+    execute_all(
+        &mut solo,
+        &[
+            r#"ALTER DATABASE solo PRIMARY REGION "us-east1""#,
+            "CREATE TABLE t (id int PRIMARY KEY) LOCALITY REGIONAL BY ROW",
+        ],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("INSERT INTO t VALUES (1), (2)")
+        .execute(&mut solo)
+        .await
+    {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Right after CREATE TABLE the ranges may still be adding their replicas (TRUNCATE is
+    // refused with a hint to retry until they have).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = sqlx::raw_sql("TRUNCATE t").execute(&mut solo).await {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec(&mut solo, "INSERT INTO t VALUES (1)").await;
+    for n in &nodes {
+        eventually("one key left", Duration::from_secs(30), || async {
+            let mut c = connect(n, "solo").await?;
+            let keys: Vec<i32> = sqlx::query_scalar("SELECT id FROM multiregion_keys.t")
+                .fetch_all(&mut c)
+                .await
+                .ok()?;
+            (keys == vec![1]).then_some(())
+        })
+        .await;
+    }
     check_consistency(&nodes[0]);
 }
 

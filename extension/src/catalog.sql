@@ -168,6 +168,28 @@ BEGIN
 END
 $fn$;
 
+-- TRUNCATE of a REGIONAL BY ROW table releases every key of each of its global key tables:
+-- at the key table's leaseholder after the statement with row replication on, here
+-- otherwise. (TRUNCATE fires no row trigger.)
+CREATE FUNCTION multiregion.truncate_global_key() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_key_table regclass := TG_ARGV[0]::regclass;
+    v_constraint text := TG_ARGV[1];
+BEGIN
+    IF NOT EXISTS (SELECT FROM multiregion.global_key g
+                    WHERE g.relid = TG_RELID AND g.key_table = v_key_table
+                      AND g.constraint_name = v_constraint) THEN
+        RAISE EXCEPTION 'key table % does not belong to table %', v_key_table, TG_RELID::regclass
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NOT multiregion.record_keys_truncated(v_key_table, TG_RELID, v_constraint) THEN
+        EXECUTE format('DELETE FROM %s', v_key_table);
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
 -- A dropped table takes its locality, its global keys and their key tables with it (on every
 -- node: the DROP is replicated, and each node's trigger cleans up its own catalog). A key table
 -- still referenced by another table's foreign key makes the DROP fail, as the referenced

@@ -100,6 +100,33 @@ fn record_key_change(
     true
 }
 
+/// Records that a statement truncated a table with a global key (from
+/// `multiregion.truncate_global_key`): every key of it is released at the key table's
+/// leaseholder, before the changes that follow. `false` as [`record_key_change`].
+#[pg_extern(schema = "multiregion")]
+#[allow(unsafe_code)]
+fn record_keys_truncated(key_table: pg_sys::Oid, parent: pg_sys::Oid, constraint: &str) -> bool {
+    if crate::replication::capture_suppressed() || !replicated() {
+        return false;
+    }
+    // SAFETY: reads a backend global.
+    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+    {
+        return true;
+    }
+    let (Some(key_table), Some(parent)) = (qualified(key_table), qualified(parent)) else {
+        MrError::NoSuchTable(format!("{key_table:?}")).raise();
+    };
+    // SAFETY: inside a transaction.
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    // (None, None): the truncation marker (no row change has neither key).
+    PENDING.with(|p| {
+        p.borrow_mut()
+            .push((sub, key_table, parent, constraint.to_string(), None, None))
+    });
+    true
+}
+
 /// A relation's (schema, name), by OID.
 #[allow(unsafe_code)]
 fn qualified(relid: pg_sys::Oid) -> Option<(String, String)> {
@@ -128,25 +155,37 @@ pub fn take() -> Vec<KeyChanges> {
     let pending = PENDING.with(|p| std::mem::take(&mut *p.borrow_mut()));
     let mut out: Vec<KeyChanges> = Vec::new();
     for (_, (ks, kt), (ps, pt), constraint, old, new) in pending {
-        match out
-            .iter_mut()
-            .find(|k| k.key_schema == ks && k.key_table == kt && k.constraint == constraint)
+        let i = match out
+            .iter()
+            .position(|k| k.key_schema == ks && k.key_table == kt && k.constraint == constraint)
         {
-            Some(k) => k.changes.push((old, new)),
-            None => out.push(KeyChanges {
-                key_schema: ks,
-                key_table: kt,
-                parent_schema: ps,
-                parent_table: pt,
-                constraint,
-                changes: vec![(old, new)],
-            }),
+            Some(i) => i,
+            None => {
+                out.push(KeyChanges {
+                    key_schema: ks,
+                    key_table: kt,
+                    parent_schema: ps,
+                    parent_table: pt,
+                    constraint,
+                    changes: Vec::new(),
+                    truncated: false,
+                });
+                out.len() - 1
+            }
+        };
+        let batch = &mut out[i];
+        if old.is_none() && new.is_none() {
+            // A truncation: what came before it in this batch is gone with every key.
+            batch.truncated = true;
+            batch.changes.clear();
+        } else {
+            batch.changes.push((old, new));
         }
     }
     for batch in &mut out {
         batch.cancel_moves();
     }
-    out.retain(|b| !b.changes.is_empty());
+    out.retain(|b| b.truncated || !b.changes.is_empty());
     out
 }
 
@@ -161,6 +200,16 @@ pub fn returned(batches: Vec<KeyChanges>) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         for b in batches {
+            if b.truncated {
+                p.push((
+                    sub,
+                    (b.key_schema.clone(), b.key_table.clone()),
+                    (b.parent_schema.clone(), b.parent_table.clone()),
+                    b.constraint.clone(),
+                    None,
+                    None,
+                ));
+            }
             for (old, new) in b.changes {
                 p.push((
                     sub,
@@ -251,9 +300,10 @@ fn apply_key_changes(changes: pgrx::JsonB) {
         key_table.as_str().into(),
         batch.constraint.as_str().into(),
         pgrx::JsonB(serde_json::Value::Array(changes)).into(),
+        batch.truncated.into(),
     ];
     if let Err(e) = Spi::run_with_args(
-        "SELECT multiregion.write_key_changes($1::regclass, $2::regclass, $3, $4)",
+        "SELECT multiregion.write_key_changes($1::regclass, $2::regclass, $3, $4, $5)",
         &args,
     ) {
         MrError::Sidecar(format!("apply_key_changes: {e}")).raise();
@@ -270,13 +320,14 @@ fn applying_key_changes() -> bool {
 extension_sql!(
     r#"
 -- Writes one statement's changes to a global key table by their net effect per key (see
--- global_keys.rs): keys released and taken again stay; a key whose row changed it is updated
+-- global_keys.rs), after releasing every key if the table was truncated: keys released and taken again stay; a key whose row changed it is updated
 -- in place (ON UPDATE actions of the foreign keys that reference it apply); then released
 -- keys are deleted and taken keys inserted, where a key another row holds is a 23505. Runs
 -- as the extension's owner, only inside multiregion.apply_key_changes, which checks that
 -- the caller may write the table.
 CREATE FUNCTION multiregion.write_key_changes(p_parent regclass, p_key_table regclass,
-                                              p_constraint text, p_changes jsonb)
+                                              p_constraint text, p_changes jsonb,
+                                              p_truncated boolean)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
@@ -302,6 +353,11 @@ BEGIN
     END IF;
     SELECT string_agg(format('%I', c), ', ' ORDER BY o) INTO key_cols
       FROM unnest(cols) WITH ORDINALITY AS u(c, o);
+    -- The table was truncated: its keys go first (a row that references one stops it, as
+    -- PostgreSQL refuses to truncate a referenced table).
+    IF p_truncated THEN
+        EXECUTE format('DELETE FROM %s', p_key_table);
+    END IF;
     -- Each key as this node prints it (keys come from sessions of several nodes).
     EXECUTE format($q$
         SELECT coalesce(jsonb_agg(jsonb_build_array(
@@ -380,15 +436,18 @@ $fn$;
     requires = [apply_key_changes, applying_key_changes]
 );
 
-/// Whether the statement of `qd` may change global keys: it writes, and its range table
-/// names a table with a global key (or a partition of one).
+/// Whether the statement of `qd` may change global keys: it writes, its range table names a
+/// table with a global key (or a partition of one), and, for an UPDATE, it sets a column of
+/// such a key (a row it moves between partitions also sets the region column, and is never
+/// sent whole anyway).
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
 #[allow(unsafe_code)]
 pub unsafe fn may_change_keys(qd: &pg_sys::QueryDesc) -> bool {
-    // SAFETY: the planned statement and its range table are valid for the query's life.
-    let relids: Vec<pg_sys::Oid> = unsafe {
+    // SAFETY: the planned statement, its range table and result relations are valid for the
+    // query's life; the bitmapset is read with PostgreSQL's own iterator.
+    let (relids, updated): (Vec<pg_sys::Oid>, Option<(pg_sys::Oid, Vec<i32>)>) = unsafe {
         let ps = &*qd.plannedstmt;
         if qd.operation == pg_sys::CmdType::CMD_SELECT && !ps.hasModifyingCTE {
             return false;
@@ -397,17 +456,48 @@ pub unsafe fn may_change_keys(qd: &pg_sys::QueryDesc) -> bool {
         if rtable.is_null() {
             return false;
         }
-        (0..(*rtable).length)
-            .map(|i| pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry)
-            .filter(|rte| (**rte).rtekind == pg_sys::RTEKind::RTE_RELATION)
-            .map(|rte| (*rte).relid)
-            .collect()
+        let rte = |i: i32| pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
+        let relids = (0..(*rtable).length)
+            .map(rte)
+            .filter(|r| (**r).rtekind == pg_sys::RTEKind::RTE_RELATION)
+            .map(|r| (*r).relid)
+            .collect();
+        let updated = (qd.operation == pg_sys::CmdType::CMD_UPDATE
+            && !ps.hasModifyingCTE
+            && !ps.resultRelations.is_null()
+            && (*ps.resultRelations).length > 0)
+            .then(|| {
+                let target = rte(pg_sys::list_nth_int(ps.resultRelations, 0) - 1);
+                let mut cols = Vec::new();
+                let mut x = -1;
+                loop {
+                    x = pg_sys::bms_next_member((*target).updatedCols, x);
+                    if x < 0 {
+                        break;
+                    }
+                    cols.push(x + pg_sys::FirstLowInvalidHeapAttributeNumber);
+                }
+                ((*target).relid, cols)
+            });
+        (relids, updated)
     };
-    !relids.is_empty()
-        && crate::regions::spi::flag(
+    if relids.is_empty() {
+        return false;
+    }
+    match updated {
+        Some((target, attnums)) => crate::regions::spi::flag(
+            "SELECT EXISTS (SELECT FROM multiregion.global_key g \
+               WHERE (g.relid = $1 OR g.relid IN (SELECT i.inhparent FROM pg_catalog.pg_inherits i \
+                                                  WHERE i.inhrelid = $1)) \
+                 AND g.columns && ARRAY(SELECT a.attname FROM pg_catalog.pg_attribute a \
+                                         WHERE a.attrelid = $1 AND a.attnum = ANY ($2)))::text",
+            vec![target.into(), attnums.into()],
+        ),
+        None => crate::regions::spi::flag(
             "SELECT EXISTS (SELECT FROM multiregion.global_key g WHERE g.relid = ANY ($1) \
                OR g.relid IN (SELECT i.inhparent FROM pg_catalog.pg_inherits i \
                                WHERE i.inhrelid = ANY ($1)))::text",
             vec![relids.into()],
-        )
+        ),
+    }
 }

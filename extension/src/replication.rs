@@ -102,13 +102,39 @@ fn capture(relid: pg_sys::Oid, op: &str, old: Option<&str>, new: Option<&str>) {
         "TRUNCATE" => 'T',
         _ => return,
     };
+    // A REGIONAL BY ROW table's rows live in its partitions' ranges: TRUNCATE of the table
+    // (whose statement trigger fires on it alone) truncates each partition.
+    let leaves: Vec<pg_sys::Oid> = if op == 'T' {
+        crate::regions::spi::read_rows(
+            "SELECT relid::oid::text FROM pg_catalog.pg_partition_tree($1) \
+              WHERE isleaf AND relid <> $1::regclass",
+            vec![relid.into()],
+        )
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten()?.parse::<u32>().ok())
+        .map(pg_sys::Oid::from)
+        .collect()
+    } else {
+        Vec::new()
+    };
     TXN.with(|t| {
-        t.borrow_mut().changes.push(Change {
-            relid,
-            op,
-            old: old.map(str::to_string),
-            new: new.map(str::to_string),
-        })
+        let mut t = t.borrow_mut();
+        if leaves.is_empty() {
+            t.changes.push(Change {
+                relid,
+                op,
+                old: old.map(str::to_string),
+                new: new.map(str::to_string),
+            });
+        }
+        for leaf in leaves {
+            t.changes.push(Change {
+                relid: leaf,
+                op,
+                old: None,
+                new: None,
+            });
+        }
     });
 }
 

@@ -407,6 +407,9 @@ pub struct KeyChanges {
     /// Each row's key before and after, as JSON objects of column to value (`None`: the row
     /// was inserted, or deleted).
     pub changes: Vec<(Option<String>, Option<String>)>,
+    /// The table was truncated first: every key it held is released before `changes`.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 impl KeyChanges {
@@ -850,6 +853,7 @@ mod tests {
                 .iter()
                 .map(|(o, n)| (o.map(str::to_string), n.map(str::to_string)))
                 .collect(),
+            truncated: false,
         }
     }
 

@@ -525,10 +525,13 @@ pub fn convert_to_rbr(relid: Oid, column: &str, config: &DatabaseConfig) -> Resu
         "SELECT (a.atttypid = 'public.crdb_internal_region'::regtype)::text, a.attnotnull::text, \
                 (a.attgenerated <> '')::text, \
                 pg_catalog.pg_get_expr(d.adbin, d.adrelid), \
-                (SELECT pg_catalog.string_agg(b.attname::text, chr(1)) FROM pg_catalog.pg_depend dep \
+                (SELECT pg_catalog.string_agg(DISTINCT b.attname::text, chr(1)) FROM pg_catalog.pg_depend dep \
                    JOIN pg_catalog.pg_attribute b ON b.attrelid = dep.refobjid AND b.attnum = dep.refobjsubid \
-                  WHERE dep.classid = 'pg_catalog.pg_attrdef'::regclass AND dep.objid = d.oid \
-                    AND dep.refobjid = a.attrelid AND dep.refobjsubid > 0) \
+                  WHERE ((dep.classid = 'pg_catalog.pg_attrdef'::regclass AND dep.objid = d.oid) \
+                         OR (dep.classid = 'pg_catalog.pg_class'::regclass AND dep.objid = a.attrelid \
+                             AND dep.objsubid = a.attnum)) \
+                    AND dep.refobjid = a.attrelid AND dep.refobjsubid > 0 \
+                    AND dep.refobjsubid <> a.attnum) \
          FROM pg_catalog.pg_attribute a LEFT JOIN pg_catalog.pg_attrdef d \
            ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
          WHERE a.attrelid = $1 AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
@@ -576,7 +579,15 @@ pub fn convert_to_rbr(relid: Oid, column: &str, config: &DatabaseConfig) -> Resu
                 ident(&format!("{name}_{column}_computed")),
                 ident(column)
             ));
-            region_deps = Some(col(a, 4).split('\u{1}').map(str::to_string).collect());
+            // A generated column's dependencies are recorded on the column itself, a
+            // default's on its pg_attrdef row: the query reads both.
+            region_deps = Some(
+                col(a, 4)
+                    .split('\u{1}')
+                    .filter(|d| !d.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            );
             region_expr_sql = Some(expr);
         }
     }
@@ -744,12 +755,21 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
         lit(&key_table),
         lit(constraint)
     ));
-    // Key tables are derived on every node: the trigger also runs when pgmr applies
-    // replicated rows (session_replication_role = replica).
+    // Enabled also for replica mode, where it records nothing (with row replication on the
+    // key table is a range of its own): a schema change rewriting rows on every node alike
+    // keeps each node's key table with its rows.
     run(&format!(
         "ALTER TABLE {} ENABLE ALWAYS TRIGGER {}",
         shape.qualified,
         ident(&format!("mr_global_key_{constraint}"))
+    ));
+    run(&format!(
+        "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT \
+         EXECUTE FUNCTION multiregion.truncate_global_key({}, {})",
+        ident(&format!("mr_global_key_truncate_{constraint}")),
+        shape.qualified,
+        lit(&key_table),
+        lit(constraint)
     ));
     key_table
 }
