@@ -1238,11 +1238,9 @@ async fn a_transaction_larger_than_a_raft_entry_reaches_every_replica_whole() {
 const REGIONS: [&str; 3] = ["us-east1", "us-west1", "europe-west1"];
 
 /// Turns replication on and creates database `mr` with regions us-east1 (primary), us-west1
-/// and europe-west1, a REGIONAL BY ROW `accounts` (one partition, so one range and one
-/// leaseholder, per region: node N in region N) holding `per_region` accounts of 1000 per
-/// region, inserted through their region's node, and a REGIONAL BY TABLE `audit` (leased in
-/// us-east1) with a deferred unique constraint.
-async fn regional_bank(nodes: &[Node], per_region: i32) {
+/// and europe-west1 and a REGIONAL BY ROW `accounts (id, balance, note)`: a connection to it
+/// through the first node.
+async fn regional_accounts(nodes: &[Node]) -> PgConnection {
     let mut c = nodes[0].sql().await;
     exec(
         &mut c,
@@ -1264,6 +1262,15 @@ async fn regional_bank(nodes: &[Node], per_region: i32) {
         ],
     )
     .await;
+    m
+}
+
+/// [`regional_accounts`] (one partition, so one range and one leaseholder, per region: node
+/// N in region N) holding `per_region` accounts of 1000 per region, inserted through their
+/// region's node, and a REGIONAL BY TABLE `audit` (leased in us-east1) with a deferred
+/// unique constraint.
+async fn regional_bank(nodes: &[Node], per_region: i32) {
+    let mut m = regional_accounts(nodes).await;
     exec(
         &mut m,
         "CREATE TABLE audit (id int PRIMARY KEY, note text UNIQUE DEFERRABLE INITIALLY DEFERRED)",
@@ -2411,27 +2418,7 @@ async fn an_aggregate_through_a_node_without_every_partition_reads_where_they_al
         &[EAST_B, EAST_C, WEST_A, WEST_B, EU_B, EU_C],
     )
     .await;
-    let mut c = nodes[0].sql().await;
-    exec(
-        &mut c,
-        "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
-    )
-    .await;
-    exec(&mut c, "CREATE DATABASE mr").await;
-    let mut m = eventually("database mr on node 1", Duration::from_secs(30), || {
-        connect(&nodes[0], "mr")
-    })
-    .await;
-    execute_all(
-        &mut m,
-        &[
-            r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
-            r#"ALTER DATABASE mr ADD REGION "us-west1""#,
-            r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
-            "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL) LOCALITY REGIONAL BY ROW",
-        ],
-    )
-    .await;
+    let mut m = regional_accounts(&nodes).await;
     let insert = "INSERT INTO accounts (crdb_region, id, balance) VALUES \
                   ('us-east1', 1, 10), ('us-west1', 2, 20), ('europe-west1', 3, 30)";
     let deadline = Instant::now() + Duration::from_secs(30);

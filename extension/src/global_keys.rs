@@ -56,6 +56,30 @@ fn replicated() -> bool {
     on
 }
 
+/// What a key trigger does with its change.
+enum Recording {
+    /// Row replication is off, or a schema change rewrites rows on every node alike: the
+    /// trigger maintains this node's key table itself.
+    Off,
+    /// A replica applying rows: the key table's own range brings its rows.
+    Skip,
+    /// Recorded, for the transaction's origin to apply at the key table's leaseholder.
+    On,
+}
+
+#[allow(unsafe_code)]
+fn recording() -> Recording {
+    if crate::replication::capture_suppressed() || !replicated() {
+        return Recording::Off;
+    }
+    // SAFETY: reads a backend global.
+    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+    {
+        return Recording::Skip;
+    }
+    Recording::On
+}
+
 /// Records a row's change to a global key (from `multiregion.maintain_global_key`), for its
 /// transaction's origin to apply at the key table's leaseholder after the statement. `false`
 /// when row replication is off, or while a schema change rewrites rows on every node alike:
@@ -71,13 +95,10 @@ fn record_key_change(
     old_key: Option<pgrx::JsonB>,
     new_key: Option<pgrx::JsonB>,
 ) -> bool {
-    if crate::replication::capture_suppressed() || !replicated() {
-        return false;
-    }
-    // SAFETY: reads a backend global.
-    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
-    {
-        return true;
+    match recording() {
+        Recording::Off => return false,
+        Recording::Skip => return true,
+        Recording::On => {}
     }
     if old_key.is_none() && new_key.is_none() {
         return true;
@@ -106,13 +127,10 @@ fn record_key_change(
 #[pg_extern(schema = "multiregion")]
 #[allow(unsafe_code)]
 fn record_keys_truncated(key_table: pg_sys::Oid, parent: pg_sys::Oid, constraint: &str) -> bool {
-    if crate::replication::capture_suppressed() || !replicated() {
-        return false;
-    }
-    // SAFETY: reads a backend global.
-    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
-    {
-        return true;
+    match recording() {
+        Recording::Off => return false,
+        Recording::Skip => return true,
+        Recording::On => {}
     }
     let (Some(key_table), Some(parent)) = (qualified(key_table), qualified(parent)) else {
         MrError::NoSuchTable(format!("{key_table:?}")).raise();
@@ -200,17 +218,9 @@ pub fn returned(batches: Vec<KeyChanges>) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         for b in batches {
-            if b.truncated {
-                p.push((
-                    sub,
-                    (b.key_schema.clone(), b.key_table.clone()),
-                    (b.parent_schema.clone(), b.parent_table.clone()),
-                    b.constraint.clone(),
-                    None,
-                    None,
-                ));
-            }
-            for (old, new) in b.changes {
+            // The truncation marker (None, None) first, as it was recorded.
+            let marker = b.truncated.then_some((None, None));
+            for (old, new) in marker.into_iter().chain(b.changes) {
                 p.push((
                     sub,
                     (b.key_schema.clone(), b.key_table.clone()),
@@ -416,6 +426,8 @@ BEGIN
                 INTO inserted, dup USING taken;
         END IF;
     END IF;
+    -- Worded as maintain_global_key's own check (catalog.sql), which raises it in place so
+    -- that its CONTEXT stays one line.
     IF dup IS NOT NULL THEN
         RAISE EXCEPTION 'duplicate key value violates unique constraint "%"', p_constraint
             USING ERRCODE = 'unique_violation',
