@@ -1668,14 +1668,7 @@ async fn inserts_run_where_their_rows_partitions_are_leased() {
         .await
         .unwrap();
     // Through the us-east1 node: rows of other regions.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("INSERT INTO rides (id, city) VALUES (1, 'seattle')")
-        .execute(&mut m)
-        .await
-    {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut m, "INSERT INTO rides (id, city) VALUES (1, 'seattle')").await;
     exec(
         &mut m,
         "INSERT INTO rides (id, city) VALUES (2, 'paris'), (3, 'rome')",
@@ -2158,14 +2151,7 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
         .execute(&mut east)
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("INSERT INTO people VALUES (1, 'a'), (3, 'c')")
-        .execute(&mut east)
-        .await
-    {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut east, "INSERT INTO people VALUES (1, 'a'), (3, 'c')").await;
     // The check runs against the key table of the node the row moves to (europe-west1's),
     // derived from its replicas of the other partitions: wait until it holds them (a new
     // range's non-voters join through a snapshot, after the voters).
@@ -2207,14 +2193,11 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
         "CREATE TABLE notes (id int PRIMARY KEY, body text)",
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("INSERT INTO notes SELECT g, 'n' FROM generate_series(1, 4) g")
-        .execute(&mut west)
-        .await
-    {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(
+        &mut west,
+        "INSERT INTO notes SELECT g, 'n' FROM generate_series(1, 4) g",
+    )
+    .await;
     sqlx::query("SELECT multiregion.execute('ALTER TABLE notes SET LOCALITY REGIONAL BY ROW')")
         .execute(&mut west)
         .await
@@ -2305,14 +2288,7 @@ async fn a_key_is_unique_across_regions_even_when_two_regions_take_it_at_once() 
         "CREATE TABLE cards (id int PRIMARY KEY, account int NOT NULL REFERENCES multiregion_keys.accounts (id))",
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("INSERT INTO cards VALUES (1, 40)")
-        .execute(&mut west)
-        .await
-    {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut west, "INSERT INTO cards VALUES (1, 40)").await;
     let moved = sqlx::raw_sql("UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 40")
         .execute(&mut west)
         .await
@@ -2365,21 +2341,10 @@ async fn a_key_is_unique_across_regions_even_when_two_regions_take_it_at_once() 
         ],
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("INSERT INTO t VALUES (1), (2)")
-        .execute(&mut solo)
-        .await
-    {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut solo, "INSERT INTO t VALUES (1), (2)").await;
     // Right after CREATE TABLE the ranges may still be adding their replicas (TRUNCATE is
     // refused with a hint to retry until they have).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql("TRUNCATE t").execute(&mut solo).await {
-        assert!(Instant::now() < deadline, "{e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut solo, "TRUNCATE t").await;
     exec(&mut solo, "INSERT INTO t VALUES (1)").await;
     for n in &nodes {
         eventually("one key left", Duration::from_secs(30), || async {
@@ -2421,11 +2386,7 @@ async fn an_aggregate_through_a_node_without_every_partition_reads_where_they_al
     let mut m = regional_accounts(&nodes).await;
     let insert = "INSERT INTO accounts (crdb_region, id, balance) VALUES \
                   ('us-east1', 1, 10), ('us-west1', 2, 20), ('europe-west1', 3, 30)";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = sqlx::raw_sql(insert).execute(&mut m).await {
-        assert!(Instant::now() < deadline, "{insert}: {e}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    exec_once_settled(&mut m, insert).await;
     // Which nodes hold a replica of every partition, once placement has settled.
     let (full, lacking): (Vec<i64>, Vec<i64>) =
         eventually("replicas placed", Duration::from_secs(60), || async {

@@ -390,6 +390,20 @@ pub async fn exec(c: &mut PgConnection, sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
+/// Runs `sql` until it succeeds, for at most 30 s: right after a table is created its ranges
+/// and their first leases settle within seconds, and a write meanwhile is refused with a
+/// retryable error. Returns the rows it affected.
+pub async fn exec_once_settled(c: &mut PgConnection, sql: &str) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match sqlx::raw_sql(sql).execute(&mut *c).await {
+            Ok(r) => return r.rows_affected(),
+            Err(e) => assert!(Instant::now() < deadline, "{sql}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// An error's SQLSTATE, or what the client said when it is not a SQL error.
 pub fn code(e: &sqlx::Error) -> String {
     e.as_database_error()
