@@ -754,6 +754,7 @@ impl Node {
                 tables,
                 fenced,
                 notify,
+                key_seeds,
             } => {
                 let command = Command::SchemaChange {
                     database: database.clone(),
@@ -764,6 +765,7 @@ impl Node {
                     at_ms: now_ms(),
                     tables,
                     fenced,
+                    key_seeds,
                 };
                 match self.meta().propose(command, WRITE_TIMEOUT).await {
                     Ok(Outcome::SchemaVersion { version }) => {
@@ -1331,7 +1333,8 @@ impl Handler for Node {
                         after,
                         merge,
                     };
-                    r.serve_seed(from, &schema, &table, &partition, at).await
+                    r.serve_seed(from, &schema, &table, partition.as_deref(), at)
+                        .await
                 }),
                 None => Box::pin(async move { not_ready() }),
             },
@@ -1468,6 +1471,7 @@ mod tests {
             at_ms: t0,
             tables: None,
             fenced: vec![],
+            key_seeds: vec![],
         };
         assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
         apply(

@@ -2495,3 +2495,86 @@ async fn a_sequence_a_default_draws_from_moves_past_the_rows_on_every_replica() 
         .await;
     }
 }
+
+/// A key table that a conversion to REGIONAL BY ROW creates from the table's rows starts on
+/// every replica with the keys of those rows as the table's leaseholder held them. Node 2's
+/// schema applier is held back by a lock, so node 1 — the table's leaseholder, where the
+/// conversion runs, and (primary region) the first voter of the key table's range — waits
+/// for node 2 before its own transaction commits, while the new ranges are created. Its
+/// snapshot of a key table it had not committed yet used to be empty, and the other replicas
+/// installed it over the keys they had filled in (found by CI in the replicated MovR app).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_table_made_by_a_conversion_starts_with_the_tables_keys_on_every_replica() {
+    let dir = scratch("data-key-seed");
+    let nodes = start_cluster(dir.path(), 57, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = regional_accounts(&nodes).await;
+    exec(
+        &mut m,
+        "CREATE TABLE vehicles (id int PRIMARY KEY, kind text NOT NULL)",
+    )
+    .await;
+    exec_once_settled(
+        &mut m,
+        "INSERT INTO vehicles SELECT g, 'scooter' FROM generate_series(1, 50) g",
+    )
+    .await;
+    for n in &nodes {
+        eventually(
+            "every vehicle on every node",
+            Duration::from_secs(30),
+            || async {
+                (count_in(n, "SELECT count(*) FROM vehicles").await == Some(50)).then_some(())
+            },
+        )
+        .await;
+    }
+    let mut hold = connect(&nodes[1], "mr").await.unwrap();
+    exec(&mut hold, "BEGIN").await;
+    exec(&mut hold, "LOCK TABLE vehicles IN ACCESS SHARE MODE").await;
+    let ddl = tokio::spawn(async move {
+        sqlx::query(
+            "SELECT multiregion.execute($$ALTER TABLE vehicles SET LOCALITY REGIONAL BY ROW$$)",
+        )
+        .execute(&mut m)
+        .await
+    });
+    // Long enough for the key table's range to be created and, before the fix, bootstrapped.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    exec(&mut hold, "COMMIT").await;
+    ddl.await.unwrap().expect("the conversion commits");
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the key table holds every vehicle's key", i + 1),
+            Duration::from_secs(60),
+            || async {
+                let keys = count_in(n, "SELECT count(*) FROM multiregion_keys.vehicles").await;
+                let leased = count_in(
+                    n,
+                    "SELECT count(*) FROM multiregion.ranges WHERE schema_name = 'multiregion_keys' \
+                     AND table_name = 'vehicles' AND lease_holder IS NOT NULL",
+                )
+                .await;
+                (keys == Some(50) && leased == Some(1)).then_some(())
+            },
+        )
+        .await;
+    }
+    // The keys hold across regions: an existing id is refused in another region's partition.
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    let err =
+        sqlx::query("INSERT INTO vehicles (crdb_region, id, kind) VALUES ('us-west1', 7, 'bike')")
+            .execute(&mut west)
+            .await
+            .expect_err("vehicle 7 exists");
+    assert_eq!(code(&err), "23505", "{err}");
+    check_consistency(&nodes[2]);
+}
+
+/// A count through `node` in database `mr`; `None` while it cannot be read.
+async fn count_in(node: &Node, sql: &str) -> Option<i64> {
+    let mut c = connect(node, "mr").await?;
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(&mut c)
+        .await
+        .ok()
+}

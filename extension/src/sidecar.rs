@@ -319,26 +319,8 @@ pub fn eventlog() -> Result<Vec<EventRow>, MrError> {
     }
 }
 
-/// Proposes a schema change of `database` on top of `expected_version`; the new version.
-pub fn propose_schema_change(
-    database: String,
-    expected_version: u64,
-    change: String,
-    config: Option<mr_meta::DatabaseConfig>,
-    localities: Vec<(mr_meta::TableRef, Option<mr_meta::TableLocality>)>,
-    tables: Vec<mr_meta::TableRef>,
-    fenced: (Vec<mr_meta::Fenced>, Vec<u64>),
-) -> Result<u64, MrError> {
-    let req = LocalRequest::ProposeSchemaChange {
-        database,
-        expected_version,
-        change,
-        config,
-        localities,
-        tables: Some(tables),
-        fenced: fenced.0,
-        notify: fenced.1,
-    };
+/// Proposes a schema change ([`LocalRequest::ProposeSchemaChange`]); the new version.
+pub fn propose_schema_change(req: LocalRequest) -> Result<u64, MrError> {
     match call_meta(req)? {
         LocalResponse::SchemaVersion { version } => Ok(version),
         other => Err(unexpected("propose_schema_change", &other)),

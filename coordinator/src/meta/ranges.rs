@@ -74,13 +74,18 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
                 match existing {
                     None => {
                         // A partition of a table that was one range starts from its rows;
-                        // a table that was partitioned, from its partitions' rows.
-                        let seed = partition.as_ref().and_then(|_| {
+                        // a table that was partitioned, from its partitions' rows; a key
+                        // table filled from a table that was one range, from that range's.
+                        let whole = |t: &TableRef| {
                             state
                                 .ranges()
-                                .find(|r| &r.table == table && r.partition.is_none())
+                                .find(|r| &r.table == t && r.partition.is_none())
                                 .map(|r| r.range_id)
-                        });
+                        };
+                        let seed = match &partition {
+                            Some(_) => whole(table),
+                            None => state.key_seed(table).and_then(whole),
+                        };
                         let merge = match partition {
                             Some(_) => vec![],
                             None => state

@@ -536,17 +536,36 @@ impl super::Ranges {
             return Ok((0, 0));
         }
         let here = self.source(d.table.clone(), d.partition.clone());
-        let schema_version = here.schema_version().await?;
-        // (old range, its partition, a merge)
-        let sources: Vec<(u64, String, bool)> = if d.merge.is_empty() {
+        // The schema change that made the range (committed to the meta group before the range
+        // was created) must be committed here first: until then this node's copy still has
+        // the old layout — on the node that made the change, until its own transaction ends —
+        // and the seed's source, told this version, waits for it too.
+        let made = self
+            .meta
+            .read(|s| s.schema(&d.table.database).map_or(0, |l| l.version));
+        let deadline = tokio::time::Instant::now() + SEED_WAIT;
+        let schema_version = loop {
+            let v = here.schema_version().await?;
+            if v >= made {
+                break v;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "node {} has schema version {v} of {made}: the range's table is not here yet",
+                    self.me
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        // (old range, the rows of it wanted: a partition or the whole (key) table, a merge)
+        let sources: Vec<(u64, Option<String>, bool)> = if d.merge.is_empty() {
             let from = d.seed.ok_or("the range has no seed")?;
-            let partition = d.partition.clone().ok_or("only partitions are seeded")?;
-            vec![(from, partition, false)]
+            vec![(from, d.partition.clone(), false)]
         } else {
             self.meta.read(|s| {
                 d.merge
                     .iter()
-                    .filter_map(|q| Some((*q, s.range(*q)?.partition.clone()?, true)))
+                    .filter_map(|q| Some((*q, Some(s.range(*q)?.partition.clone()?), true)))
                     .collect()
             })
         };
@@ -581,8 +600,14 @@ impl super::Ranges {
                     schema_version,
                     ..SeedAt::default()
                 };
-                self.seed_ready(from, &d.table.schema, &d.table.table, &partition, &at)
-                    .await?;
+                self.seed_ready(
+                    from,
+                    &d.table.schema,
+                    &d.table.table,
+                    partition.as_deref(),
+                    &at,
+                )
+                .await?;
                 return Ok((0, 0));
             }
             let mut after: Option<String> = None;
@@ -593,8 +618,14 @@ impl super::Ranges {
                     merge,
                 };
                 let answer = if holder == self.me {
-                    self.serve_seed(from, &d.table.schema, &d.table.table, &partition, at)
-                        .await
+                    self.serve_seed(
+                        from,
+                        &d.table.schema,
+                        &d.table.table,
+                        partition.as_deref(),
+                        at,
+                    )
+                    .await
                 } else {
                     let addr = addr
                         .clone()
@@ -633,13 +664,14 @@ impl super::Ranges {
 
     /// Serves a new range's request for its rows: as the leaseholder of `from`, once this
     /// node has applied the split or merge (after which it takes no writes into `from`) and
-    /// every committed entry of `from`.
+    /// every committed entry of `from`. `partition`: `None` for a key table's rows (filled
+    /// from this node's copy of `from`'s table when it applied the split).
     pub async fn serve_seed(
         &self,
         from: u64,
         schema: &str,
         table: &str,
-        partition: &str,
+        partition: Option<&str>,
         at: SeedAt,
     ) -> mr_wire::peer::PeerResponse {
         match self.seed_rows(from, schema, table, partition, at).await {
@@ -656,12 +688,13 @@ impl super::Ranges {
         from: u64,
         schema: &str,
         table: &str,
-        partition: &str,
+        partition: Option<&str>,
         at: SeedAt,
     ) -> Result<(String, Option<String>), Error> {
         let src = self.seed_ready(from, schema, table, partition, &at).await?;
         if at.merge {
-            src.merge_chunk(partition, at.after.as_deref()).await
+            let region = partition.ok_or("a merge's rows are asked for by partition")?;
+            src.merge_chunk(region, at.after.as_deref()).await
         } else {
             src.seed_chunk(at.after.as_deref()).await
         }
@@ -675,7 +708,7 @@ impl super::Ranges {
         from: u64,
         schema: &str,
         table: &str,
-        partition: &str,
+        partition: Option<&str>,
         at: &SeedAt,
     ) -> Result<Source, Error> {
         let schema_version = at.schema_version;
@@ -694,7 +727,7 @@ impl super::Ranges {
                 schema: schema.to_string(),
                 table: table.to_string(),
             },
-            Some(partition.to_string()),
+            partition.map(str::to_string),
         );
         let deadline = tokio::time::Instant::now() + SEED_WAIT;
         while src.schema_version().await? < schema_version {

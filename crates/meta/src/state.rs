@@ -111,6 +111,10 @@ pub enum Command {
         /// each of its ranges written before it (docs/ARCHITECTURE.md §8.6).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         fenced: Vec<Fenced>,
+        /// Key tables the change creates from a table's existing rows, each with that table
+        /// ([`MetaState::key_seed`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        key_seeds: Vec<(TableRef, TableRef)>,
     },
     /// `CREATE DATABASE`: the database is cluster-wide from now on (an empty schema log, for
     /// which every node creates its copy); nothing if it has a schema log already.
@@ -359,6 +363,10 @@ pub struct MetaState {
     /// others still must). Added in snapshot format 5; empty when read from older formats.
     #[serde(default)]
     dropped: BTreeMap<String, std::collections::BTreeSet<NodeId>>,
+    /// Key tables created from a table's existing rows, each with that table, while both are
+    /// in the catalog. Added in snapshot format 6; empty when read from older formats.
+    #[serde(default, with = "pairs")]
+    key_seeds: BTreeMap<TableRef, TableRef>,
 }
 
 impl MetaState {
@@ -388,6 +396,12 @@ impl MetaState {
     }
     pub fn table_locality(&self, t: &TableRef) -> Option<&TableLocality> {
         self.tables.get(t)
+    }
+    /// The table whose rows key table `t` was filled from when a schema change created it
+    /// (a table becoming REGIONAL BY ROW): its range starts from that table's range's
+    /// leaseholder's copy, as the table's partitions do (docs/ARCHITECTURE.md §8.2).
+    pub fn key_seed(&self, t: &TableRef) -> Option<&TableRef> {
+        self.key_seeds.get(t)
     }
     pub fn range(&self, id: RangeId) -> Option<&RangeDescriptor> {
         self.ranges.get(&id)
@@ -727,6 +741,7 @@ impl MetaState {
                 at_ms,
                 tables,
                 fenced,
+                key_seeds,
             } => self.schema_change(
                 database,
                 *expected_version,
@@ -736,6 +751,7 @@ impl MetaState {
                 *at_ms,
                 tables.as_deref(),
                 fenced,
+                key_seeds,
             ),
             Command::CreateDatabase { database } => {
                 self.schemas.entry(database.clone()).or_default();
@@ -790,6 +806,7 @@ impl MetaState {
         at_ms: u64,
         tables: Option<&[TableRef]>,
         fenced: &[Fenced],
+        key_seeds: &[(TableRef, TableRef)],
     ) -> Result<Outcome, MetaError> {
         let current = self.schemas.get(database).map_or(0, |l| l.version);
         if current != expected_version {
@@ -817,6 +834,12 @@ impl MetaState {
             .into_iter()
             .flatten()
             .find(|t| t.database != database)
+        {
+            return Err(wrong(&t.database));
+        }
+        if let Some((t, _)) = key_seeds
+            .iter()
+            .find(|(k, p)| k.database != database || p.database != database)
         {
             return Err(wrong(&t.database));
         }
@@ -849,6 +872,17 @@ impl MetaState {
             self.catalog
                 .insert(database.to_string(), tables.iter().cloned().collect());
         }
+        for (k, p) in key_seeds {
+            self.key_seeds.insert(k.clone(), p.clone());
+        }
+        // A link is needed only until the key table's range exists; it goes with either table.
+        let catalog = &self.catalog;
+        self.key_seeds.retain(|k, p| {
+            k.database != database
+                || catalog
+                    .get(database)
+                    .is_some_and(|c| c.contains(k) && c.contains(p))
+        });
         let log = self.schemas.entry(database.to_string()).or_default();
         log.version += 1;
         log.changes.push(SchemaChange {
@@ -868,6 +902,7 @@ impl MetaState {
     /// created again under the name continues it).
     fn drop_database_data(&mut self, database: &str) {
         self.catalog.remove(database);
+        self.key_seeds.retain(|k, _| k.database != database);
         let gone: Vec<RangeId> = self
             .ranges
             .values()

@@ -370,8 +370,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 6, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 6 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 7, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 7 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -444,6 +444,7 @@ fn schema_change(
         at_ms: T0 + 100 + expected_version,
         tables: None,
         fenced: vec![],
+        key_seeds: vec![],
     }
 }
 
@@ -512,6 +513,7 @@ fn schema_changes_are_compare_and_set_on_the_version() {
         at_ms: T0,
         tables: None,
         fenced: vec![],
+        key_seeds: vec![],
     };
     assert_eq!(
         propose(&mut s, 5, other),
@@ -698,7 +700,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 5);
+    assert_eq!(snapshot::FORMAT, 6);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);

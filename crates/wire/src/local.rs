@@ -71,6 +71,10 @@ pub enum LocalRequest {
         /// ends there and releases the lock.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         notify: Vec<u64>,
+        /// Key tables the change creates from a table's existing rows, each with that table:
+        /// their ranges start from its range's rows ([`mr_meta::MetaState::key_seed`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        key_seeds: Vec<(TableRef, TableRef)>,
     },
     /// Waits until every live node other than this one has applied `database`'s schema up
     /// to `version`: [`LocalResponse::Done`], or after `timeout_ms` an error naming the
@@ -901,6 +905,7 @@ mod tests {
             tables: None,
             fenced: vec![],
             notify: vec![],
+            key_seeds: vec![],
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(

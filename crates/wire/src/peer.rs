@@ -86,7 +86,10 @@ pub enum PeerRequest {
         from: u64,
         schema: String,
         table: String,
-        partition: String,
+        /// The partition of `table` whose rows are asked for; `None`: the whole table (a key
+        /// table, seeded from its copy on the leaseholder of the table it keeps keys of).
+        #[serde(default)]
+        partition: Option<String>,
         schema_version: u64,
         /// Where the previous chunk ended (`SeedRows::next`); `None`: from the start.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -188,17 +188,58 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
             })
         })
         .collect();
-    let new = sidecar::propose_schema_change(
-        database.clone(),
-        u64::try_from(version).unwrap_or(0),
+    let key_seeds = key_seeds(&database, &localities);
+    let (fenced, notify) = super::fence::take();
+    let new = sidecar::propose_schema_change(mr_wire::local::LocalRequest::ProposeSchemaChange {
+        database: database.clone(),
+        expected_version: u64::try_from(version).unwrap_or(0),
         change,
         config,
         localities,
-        tables,
-        super::fence::take(),
-    )?;
+        tables: Some(tables),
+        fenced,
+        notify,
+        key_seeds,
+    })?;
     PROPOSED.with(|p| p.set(Some(new)));
     Ok(Some((database, new)))
+}
+
+/// The key tables of every table this change makes REGIONAL BY ROW, each with that table.
+/// Each node fills a new key table from its own copy of the table's rows, which only the
+/// table's leaseholder is sure to hold whole; the meta group uses these links to start the
+/// key table's range from that node's copy, as it does the table's partitions (a link to a
+/// table that was partitioned already is never used: no range of the whole table is left).
+fn key_seeds(
+    database: &str,
+    localities: &[(TableRef, Option<TableLocality>)],
+) -> Vec<(TableRef, TableRef)> {
+    let mut out = Vec::new();
+    for (t, l) in localities {
+        if !matches!(l, Some(TableLocality::RegionalByRow { .. })) {
+            continue;
+        }
+        let rows = spi::read_rows(
+            "SELECT n.nspname::text, c.relname::text FROM multiregion.global_key g \
+             JOIN pg_catalog.pg_class c ON c.oid = g.key_table \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE g.relid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text)) \
+             ORDER BY 1, 2",
+            vec![t.schema.as_str().into(), t.table.as_str().into()],
+        );
+        for r in rows {
+            let (Some(Some(schema)), Some(Some(table))) = (r.first(), r.get(1)) else {
+                continue;
+            };
+            let key = TableRef {
+                database: database.to_string(),
+                schema: schema.clone(),
+                table: table.clone(),
+            };
+            out.push((key, t.clone()));
+        }
+    }
+    out
 }
 
 /// After the proposal: waits for every other live node to apply the change. It is committed:
