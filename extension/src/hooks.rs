@@ -126,19 +126,37 @@ unsafe extern "C-unwind" fn process_utility(
         // against writers at their leaseholders (docs/ARCHITECTURE.md §8.6).
         unsafe { crate::regions::fence_before_ddl(&*pstmt) };
     }
-    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as given.
+    // SAFETY: as above; a TRUNCATE waits for new ranges before it locks their tables, and
+    // one of tables another node leases runs there.
+    if unsafe { crate::regions::await_ranges_before_truncate(&*pstmt, query_string) } {
+        // SAFETY: the statement's completion, when PostgreSQL asked for one.
+        unsafe {
+            if !qc.is_null() {
+                (*qc).commandTag = pg_sys::CommandTag::CMDTAG_TRUNCATE_TABLE;
+                (*qc).nprocessed = 0;
+            }
+        }
+        return;
+    }
+    // SAFETY: as above; a COPY FREEZE whose rows all go to another node drops the FREEZE.
+    let pstmt = unsafe { crate::routing::without_copy_freeze(pstmt) };
+    // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
+    // given; a COPY FROM's rows for other nodes' ranges are collected around it.
     unsafe {
-        match PREV_PROCESS_UTILITY.get() {
-            Some(Some(prev)) => prev(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
+        crate::routing::copy_from(&*pstmt, qc, || match PREV_PROCESS_UTILITY.get() {
+            // Guarded: an ERROR inside unwinds through our frames (the collecting scope).
+            Some(Some(prev)) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                prev(
+                    pstmt,
+                    query_string,
+                    read_only_tree,
+                    context,
+                    params,
+                    query_env,
+                    dest,
+                    qc,
+                )
+            }),
             _ => pg_sys::standard_ProcessUtility(
                 pstmt,
                 query_string,
@@ -149,7 +167,7 @@ unsafe extern "C-unwind" fn process_utility(
                 dest,
                 qc,
             ),
-        }
+        });
     }
     if let Some(ddl) = replicate {
         crate::regions::replicate_ddl(ddl);

@@ -19,8 +19,8 @@ use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 
-/// (schema, table, partition).
-type Partition = (String, String, String);
+/// (schema, table, partition): the partition `None` for a table that is one range.
+type Partition = (String, String, Option<String>);
 
 /// One running statement whose rows may belong elsewhere.
 struct Scope {
@@ -28,6 +28,9 @@ struct Scope {
     leased: HashMap<Partition, bool>,
     /// Why such rows cannot leave this statement, if they cannot.
     refuse: Option<&'static str>,
+    /// Also rows of tables that are one range (a COPY: a statement the executor runs goes
+    /// whole to such a table's leaseholder instead).
+    whole_tables: bool,
     moved: BTreeMap<Partition, Vec<String>>,
 }
 
@@ -46,11 +49,22 @@ pub struct Collecting {
 /// Starts collecting for a statement about to run; `refuse` says why it must see all its rows
 /// itself, if it must (ON CONFLICT, RETURNING, a data-modifying WITH).
 pub fn collect(refuse: Option<&'static str>) -> Collecting {
+    scope(refuse, false)
+}
+
+/// Starts collecting for a `COPY … FROM` about to run: rows for any range leased elsewhere,
+/// the table's own range included.
+pub fn collect_copy() -> Collecting {
+    scope(None, true)
+}
+
+fn scope(refuse: Option<&'static str>, whole_tables: bool) -> Collecting {
     let depth = SCOPES.with(|s| {
         let mut s = s.borrow_mut();
         s.push(Scope {
             leased: HashMap::new(),
             refuse,
+            whole_tables,
             moved: BTreeMap::new(),
         });
         s.len()
@@ -92,7 +106,7 @@ impl Drop for Collecting {
 }
 
 /// Whether this node leases `p`: asked of pgmr once per statement and partition.
-fn leased_here(p: &Partition) -> bool {
+pub fn leased_here(p: &Partition) -> bool {
     let table = mr_meta::TableRef {
         database: routing::database(),
         schema: p.0.clone(),
@@ -100,7 +114,7 @@ fn leased_here(p: &Partition) -> bool {
     };
     match sidecar::route(
         routing::database(),
-        vec![(table, Some(p.2.clone()))],
+        vec![(table, p.2.clone())],
         true,
         true,
         false,
@@ -125,7 +139,13 @@ pub fn route_row<'a>(
     let td = trigger.trigger_data();
     // SAFETY: PostgreSQL passes the trigger's relation, open and locked for the insert.
     let relid = unsafe { (*td.tg_relation).rd_id };
-    let Some(partition) = replication::partition_of(relid) else {
+    let whole_tables = SCOPES.with(|s| s.borrow().last().is_some_and(|sc| sc.whole_tables));
+    let range = if whole_tables {
+        replication::range_of(relid)
+    } else {
+        replication::partition_of(relid).map(|(s, t, p)| (s, t, Some(p)))
+    };
+    let Some(partition) = range else {
         return Ok(new);
     };
     let known = SCOPES.with(|s| {
@@ -152,7 +172,9 @@ pub fn route_row<'a>(
         MrError::WriteNotServed {
             message: format!(
                 "a row for partition {} of {}.{} is leased on another node, and this statement {why}",
-                partition.2, partition.0, partition.1
+                partition.2.as_deref().unwrap_or_default(),
+                partition.0,
+                partition.1
             ),
             hint: "Write each region's rows in their own statement, or without ON CONFLICT, RETURNING or a data-modifying WITH.".into(),
         }
@@ -203,7 +225,27 @@ pub fn insert_sql(m: &MovedRows) -> String {
         .unwrap_or_default()
 }
 
-/// The rows as the JSON array `insert_sql` reads.
-pub fn rows_json(m: &MovedRows) -> String {
-    format!("[{}]", m.rows.join(","))
+/// Rows go to their leaseholder in statements of about this many bytes of JSON (a COPY may
+/// collect far more than one message between nodes carries).
+const CHUNK_BYTES: usize = 4 << 20;
+
+/// The rows as the JSON arrays `insert_sql` reads, one per statement.
+pub fn rows_json(m: &MovedRows) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut chunk = String::from("[");
+    for row in &m.rows {
+        if chunk.len() > 1 && chunk.len() + row.len() > CHUNK_BYTES {
+            chunk.push(']');
+            out.push(std::mem::replace(&mut chunk, String::from("[")));
+        }
+        if chunk.len() > 1 {
+            chunk.push(',');
+        }
+        chunk.push_str(row);
+    }
+    if chunk.len() > 1 {
+        chunk.push(']');
+        out.push(chunk);
+    }
+    out
 }

@@ -303,6 +303,13 @@ pub fn partition_of(relid: pg_sys::Oid) -> Option<(String, String, String)> {
     Some((t.schema.clone(), t.table.clone(), t.partition.clone()?))
 }
 
+/// The range a replicated relation's rows belong to: (schema, table, partition), the
+/// partition `None` for a table that is one range.
+pub fn range_of(relid: pg_sys::Oid) -> Option<(String, String, Option<String>)> {
+    let t = target(relid)?;
+    Some((t.schema.clone(), t.table.clone(), t.partition.clone()))
+}
+
 /// Forgets what was cached about `relid` (all relations for `InvalidOid`).
 pub fn forget(relid: pg_sys::Oid) {
     crate::insert_rows::forget(relid);
@@ -314,6 +321,20 @@ pub fn forget(relid: pg_sys::Oid) {
             m.remove(&relid.to_u32());
         }
     });
+}
+
+/// Whether a relation's rows are replicated (it has the capture trigger, enabled), read
+/// from the catalog: for a relation not locked yet.
+pub fn is_replicated_table(relid: pg_sys::Oid) -> bool {
+    spi::read_rows(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger WHERE tgrelid = $1 \
+           AND tgname = 'multiregion_capture' AND tgenabled <> 'D')::text",
+        vec![relid.into()],
+    )
+    .into_iter()
+    .next()
+    .and_then(|r| r.into_iter().next().flatten())
+    .is_some_and(|v| v == "true")
 }
 
 /// Whether a relation has the capture trigger, i.e. its rows are replicated.

@@ -389,7 +389,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
 
 /// A statement cannot run on another node in a transaction whose schema changes are proposed
 /// only at its commit: that node would run it against the old schema.
-fn refuse_with_schema_change(node: u64) {
+pub(crate) fn refuse_with_schema_change(node: u64) {
     if crate::regions::has_pending_schema_change() {
         MrError::SchemaChangePending { node }.raise();
     }
@@ -736,15 +736,127 @@ fn set_local_lock_timeout() {
     }
 }
 
+/// A `COPY … FROM … (FREEZE)` into a replicated table leased on another node, as a copy
+/// without FREEZE; any other statement as it is. Its rows go to the leaseholder, which
+/// inserts them as an INSERT does, and this node's copy of the table was not created or
+/// truncated in this transaction (`pgbench -i` truncates, then copies with FREEZE: the
+/// TRUNCATE ran at the leaseholder).
+///
+/// # Safety
+/// `pstmt` is the valid PlannedStmt PostgreSQL is about to run; a changed one is a copy.
+#[allow(unsafe_code)]
+pub unsafe fn without_copy_freeze(pstmt: *mut pg_sys::PlannedStmt) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the caller's contract; node tags are read before casts; list cells are the
+    // options' DefElems.
+    unsafe {
+        let node = (*pstmt).utilityStmt;
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_CopyStmt {
+            return pstmt;
+        }
+        let copy = &*(node as *mut pg_sys::CopyStmt);
+        let is_freeze = |d: *mut std::ffi::c_void| {
+            let d = d as *mut pg_sys::DefElem;
+            !d.is_null() && CStr::from_ptr((*d).defname).to_bytes() == b"freeze"
+        };
+        let options: Vec<*mut std::ffi::c_void> = if copy.options.is_null() {
+            Vec::new()
+        } else {
+            (0..(*copy.options).length)
+                .map(|i| pg_sys::list_nth(copy.options, i))
+                .collect()
+        };
+        if !copy.is_from
+            || copy.relation.is_null()
+            || !options.iter().any(|o| is_freeze(*o))
+            || gucs::sidecar_socket().is_none()
+            || replication::known_off()
+            || pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+        {
+            return pstmt;
+        }
+        let relid = pg_sys::RangeVarGetRelidExtended(
+            copy.relation,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        );
+        if relid == pg_sys::InvalidOid
+            || !replication::is_replicated_table(relid)
+            || replication::range_of(relid).is_none_or(|r| crate::moved::leased_here(&r))
+        {
+            return pstmt;
+        }
+        let changed = pg_sys::copyObjectImpl(pstmt.cast()) as *mut pg_sys::PlannedStmt;
+        let stmt = (*changed).utilityStmt as *mut pg_sys::CopyStmt;
+        let mut kept: *mut pg_sys::List = std::ptr::null_mut();
+        for i in 0..(*(*stmt).options).length {
+            let o = pg_sys::list_nth((*stmt).options, i);
+            if !is_freeze(o) {
+                kept = pg_sys::lappend(kept, o);
+            }
+        }
+        (*stmt).options = kept;
+        changed
+    }
+}
+
+/// Runs a utility statement; a `COPY … FROM` into a replicated table keeps the rows for
+/// ranges this node does not lease out of its copy (`crate::moved`) and writes them at their
+/// leaseholders afterwards, as parts of this transaction, as an INSERT's rows for other
+/// regions are: so a COPY (`psql \copy`, `pg_restore`, `pgbench -i`) works through any node.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run; `qc`, if not null, its completion.
+#[allow(unsafe_code)]
+pub unsafe fn copy_from(
+    pstmt: &pg_sys::PlannedStmt,
+    qc: *mut pg_sys::QueryCompletion,
+    run: impl FnOnce(),
+) {
+    let node = pstmt.utilityStmt;
+    // SAFETY: the utility statement of a valid PlannedStmt, its tag read before the cast;
+    // reads a backend global (an applier, in replica mode, writes this node's copy).
+    let copy_from = unsafe {
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_CopyStmt
+            && (*(node as *mut pg_sys::CopyStmt)).is_from
+            && !(*(node as *mut pg_sys::CopyStmt)).relation.is_null()
+            && pg_sys::SessionReplicationRole != pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+    };
+    if !copy_from
+        || gucs::sidecar_socket().is_none()
+        || replication::known_off()
+        || replication::capture_suppressed()
+    {
+        run();
+        return;
+    }
+    let collecting = crate::moved::collect_copy();
+    run();
+    let moved = collecting.finish();
+    if !moved.is_empty() {
+        let n = write_moved(moved).or_raise();
+        // SAFETY: the caller's contract: the statement's completion, filled in by COPY.
+        unsafe {
+            if !qc.is_null() {
+                (*qc).nprocessed += n;
+            }
+        }
+    }
+}
+
 /// Writes rows a statement left for partitions leased elsewhere at their leaseholders (or
 /// here, where this node leases the partition), as parts of this transaction: the number of
 /// rows written. Their global keys are applied with the statement's other key changes
 /// (`crate::global_keys`), where a moved row's key released and taken again stays.
 fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
     let mut written = 0;
-    for m in moved {
-        let sql = crate::moved::insert_sql(&m);
-        let json = crate::moved::rows_json(&m);
+    for (m, json) in moved
+        .iter()
+        .flat_map(|m| crate::moved::rows_json(m).into_iter().map(move |j| (m, j)))
+    {
+        let sql = crate::moved::insert_sql(m);
         let table = mr_meta::TableRef {
             database: database(),
             schema: m.schema.clone(),
@@ -753,7 +865,7 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
         let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
         let route = sidecar::route(
             database(),
-            vec![(table, Some(m.partition.clone()))],
+            vec![(table, m.partition.clone())],
             true,
             true,
             false,
@@ -780,10 +892,16 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
         };
         if !again.is_empty() {
             return Err(MrError::WriteNotServed {
-                message: format!(
-                    "the lease of partition {} of {}.{} moved while rows were written to it",
-                    m.partition, m.schema, m.table
-                ),
+                message: match &m.partition {
+                    Some(p) => format!(
+                        "the lease of partition {p} of {}.{} moved while rows were written to it",
+                        m.schema, m.table
+                    ),
+                    None => format!(
+                        "the lease of {}.{} moved while rows were written to it",
+                        m.schema, m.table
+                    ),
+                },
                 hint: "Retry the transaction.".into(),
             });
         }
@@ -916,6 +1034,37 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
         partitions: Vec::new(),
     };
     send(node, statement, false).map(drop)
+}
+
+/// Whether this backend is running a statement served for another node's transaction.
+pub fn serving() -> bool {
+    SERVING.with(Cell::get) > 0
+}
+
+/// A utility statement's own text (one statement of a multi-statement string).
+///
+/// # Safety
+/// `pstmt` is a valid PlannedStmt and `source` its NUL-terminated source text (or null).
+#[allow(unsafe_code)]
+pub unsafe fn statement_text(
+    pstmt: &pg_sys::PlannedStmt,
+    source: *const std::ffi::c_char,
+) -> String {
+    // SAFETY: the caller's contract; the location and length are byte offsets set by the
+    // parser (-1 and 0 mean "all" and "to the end").
+    let text = if source.is_null() {
+        ""
+    } else {
+        unsafe { CStr::from_ptr(source) }.to_str().unwrap_or("")
+    };
+    let start = usize::try_from(pstmt.stmt_location)
+        .unwrap_or(0)
+        .min(text.len());
+    let end = match usize::try_from(pstmt.stmt_len) {
+        Ok(0) | Err(_) => text.len(),
+        Ok(n) => (start + n).min(text.len()),
+    };
+    text.get(start..end).unwrap_or(text).to_string()
 }
 
 /// The statement's own text (one statement of a multi-statement string) and parameters.
@@ -1274,7 +1423,7 @@ fn remote_exec(
     TableIterator::new(out)
 }
 
-/// Runs one SELECT, INSERT, UPDATE or DELETE through SPI as a statement served for another
+/// Runs one SELECT, INSERT, UPDATE, DELETE or TRUNCATE through SPI as a statement served for another
 /// node's transaction (never routed again), with `gateway_region()` answering
 /// `gateway_region` when given, and over `partitions` of its target only when not empty:
 /// rows processed, the rows as text, and rows left for partitions leased elsewhere.
@@ -1363,12 +1512,13 @@ fn exec_share(
                 | pg_sys::NodeTag::T_InsertStmt
                 | pg_sys::NodeTag::T_UpdateStmt
                 | pg_sys::NodeTag::T_DeleteStmt
+                | pg_sys::NodeTag::T_TruncateStmt
         );
         if !one_query {
             MrError::BadArgument {
                 what: "forwarded statement",
                 value: sql.chars().take(60).collect(),
-                expected: "one SELECT, INSERT, UPDATE or DELETE",
+                expected: "one SELECT, INSERT, UPDATE, DELETE or TRUNCATE",
             }
             .raise();
         }

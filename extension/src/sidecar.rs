@@ -141,7 +141,8 @@ pub fn table_ranges(
 /// node holds a replica.
 pub fn fence_barrier(database: String, ranges: Vec<u64>) -> Result<Vec<(u64, u64)>, MrError> {
     let req = LocalRequest::FenceBarrier { database, ranges };
-    match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
+    // pgmr waits up to a minute for this node to apply what was written before the change.
+    match call_within(req, gucs::sidecar_timeout().max(Duration::from_secs(75)))? {
         LocalResponse::FenceBarrier { after } => Ok(after),
         other => Err(write_error("fence_barrier", other)),
     }

@@ -25,6 +25,9 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// change. Past it the change is applied anyway (with a warning): a replica that waits for
 /// a snapshot taken under the new schema cannot get there first.
 const AWAIT_FENCED: Duration = Duration::from_secs(10);
+/// How long the origin of a schema change waits to apply the rows written before it
+/// ([`Ranges::fence_barrier`]); the extension waits a little longer for the answer.
+const FENCE_APPLY_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits (at most `timeout`) until this node's copy of the meta state holds `database`'s
 /// schema version `version`.
@@ -46,8 +49,13 @@ pub async fn schema_known(meta: &Meta, database: &str, version: u64, timeout: Du
 
 impl Ranges {
     /// Every range of these replicated tables (the layout they have, and one they are
-    /// leaving), with its leaseholder; waits (up to [`WRITE_TIMEOUT`]) while a range has
-    /// none yet (a table created a moment ago: its first election and lease follow).
+    /// leaving), with its leaseholder; waits (up to [`WRITE_TIMEOUT`]) until they are ready
+    /// for a statement that locks the table outright (a schema change, TRUNCATE): every
+    /// range the declarations want exists and has a leaseholder, and each one this node
+    /// holds a replica of has its voters here. A table created a moment ago has neither:
+    /// its ranges, first election and lease follow, and its bootstrapper snapshots the
+    /// table and the other replicas install that — which a lock held here would block,
+    /// while the statement's commit waited for those very replicas.
     pub async fn table_ranges(&self, database: &str, tables: &[TableRef]) -> LocalResponse {
         let deadline = Instant::now() + WRITE_TIMEOUT;
         loop {
@@ -55,6 +63,8 @@ impl Ranges {
             let settled = match &r {
                 LocalResponse::TableRanges { ranges, .. } => {
                     ranges.iter().all(|r| r.leaseholder.is_some())
+                        && self.every_range_exists(database, tables)
+                        && ranges.iter().all(|r| self.voters_here(r.range_id))
                 }
                 _ => true,
             };
@@ -63,6 +73,53 @@ impl Ranges {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether each of these tables the meta group knows has every range its declarations
+    /// want (the meta leader creates them a moment after the table).
+    fn every_range_exists(&self, database: &str, tables: &[TableRef]) -> bool {
+        self.meta.read(|s| {
+            let known = s.catalog().find(|(db, _)| db.as_str() == database);
+            tables.iter().all(|t| {
+                if !known.is_some_and(|(_, ts)| ts.contains(t)) {
+                    return true; // created by a transaction not committed yet
+                }
+                let Ok(wanted) =
+                    mr_zoneconfig::table_ranges(s.database(database), s.table_locality(t))
+                else {
+                    return true;
+                };
+                wanted
+                    .iter()
+                    .all(|(p, _)| s.ranges().any(|r| &r.table == t && &r.partition == p))
+            })
+        })
+    }
+
+    /// Whether this node, if the range names it as a replica, has the range's group with
+    /// as many voters as the descriptor names (so its snapshot is built and installed).
+    fn voters_here(&self, range_id: u64) -> bool {
+        let wanted = self.meta.read(|s| {
+            s.range(range_id).and_then(|r| {
+                r.replicas.iter().any(|x| x.node_id == self.me).then(|| {
+                    r.replicas
+                        .iter()
+                        .filter(|x| x.kind == mr_meta::ReplicaKind::Voter)
+                        .count()
+                })
+            })
+        });
+        let Some(wanted) = wanted else { return true };
+        self.group(range_id).is_some_and(|g| {
+            g.raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .count()
+                >= wanted
+        })
     }
 
     fn table_ranges_now(&self, database: &str, tables: &[TableRef]) -> LocalResponse {
@@ -102,6 +159,9 @@ impl Ranges {
         ranges: &[u64],
     ) -> Result<Vec<(u64, u64)>, WriteError> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
+        // Applying here what was written before may take a while after a bulk load (a COPY
+        // of 100 000 rows reaches a node across the WAN some seconds after its commit).
+        let applied_deadline = Instant::now() + FENCE_APPLY_WAIT;
         let mut after = Vec::with_capacity(ranges.len());
         for &range_id in ranges {
             let index = loop {
@@ -116,7 +176,7 @@ impl Ranges {
                 }
             };
             if let Some(g) = self.group(range_id) {
-                if !g.applied_by(index, deadline).await {
+                if !g.applied_by(index, applied_deadline).await {
                     return Err(WriteError::Retryable(format!(
                         "this node has not applied range {range_id} up to entry {index} before a schema change of its table"
                     )));

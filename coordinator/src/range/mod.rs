@@ -992,7 +992,7 @@ impl Ranges {
         let not_here = |why: &str, holder: Option<u64>| {
             WriteError::Unsupported {
             message: format!("{why}: range {range_id} of table {} is leased by node {}", write_target(targets), holder.or(recorded).map_or("(none yet)".into(), |h| h.to_string())),
-            hint: "A statement runs where the rows it touches are leased; one that writes rows leased on several nodes (a REGIONAL BY ROW table's rows of several regions, an UPDATE without the row's region) runs here and cannot write the others: write each region's rows in its own statement (a READ COMMITTED transaction may span leaseholders). COPY and TRUNCATE run only on the leaseholder's node. If the lease just moved, retry.".into(),
+            hint: "A statement runs where the rows it touches are leased; one that writes rows leased on several nodes (a REGIONAL BY ROW table's rows of several regions, an UPDATE without the row's region) runs here and cannot write the others: write each region's rows in its own statement (a READ COMMITTED transaction may span leaseholders). A TRUNCATE of tables leased on several other nodes runs on a leaseholder's node. If the lease just moved, retry.".into(),
         }
         };
         let Some(g) = self.group(range_id) else {

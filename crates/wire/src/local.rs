@@ -390,7 +390,10 @@ pub enum Finish {
 pub struct MovedRows {
     pub schema: String,
     pub table: String,
-    pub partition: String,
+    /// The REGIONAL BY ROW partition; `None`: a table that is one range (rows a COPY
+    /// through a node that does not lease it read).
+    #[serde(default)]
+    pub partition: Option<String>,
     /// Each row as a JSON object of column name to its text form (null for NULL), as
     /// `json_populate_recordset` reads it.
     pub rows: Vec<String>,

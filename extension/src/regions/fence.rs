@@ -89,9 +89,81 @@ unsafe fn reshaped_relations(pstmt: &pg_sys::PlannedStmt) -> Vec<pg_sys::Oid> {
     }
 }
 
-fn fence(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
+/// Before a TRUNCATE of replicated tables runs: waits until their ranges are ready for the
+/// table to be locked outright ([`sidecar::table_ranges`]). A table created a moment ago
+/// (`pgbench -i` truncates the tables it has just created) would otherwise hold its range's
+/// first snapshot up with its lock while its commit waited for that range's voters. When
+/// one other node leases every range the statement truncates, the statement runs there
+/// instead, in this transaction's session on that node: `true`, and it is not to run here.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run and `query_string` its source text.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn before_truncate(
+    pstmt: &pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+) -> bool {
+    let node = pstmt.utilityStmt;
+    // SAFETY: the utility statement of a valid PlannedStmt, its tag read before the cast.
+    if node.is_null() || unsafe { (*node).type_ } != pg_sys::NodeTag::T_TruncateStmt {
+        return false;
+    }
+    // SAFETY: reads a backend global: an applier (replica mode) writes this node's copy.
+    if gucs::sidecar_socket().is_none()
+        || replication::known_off()
+        || routing::serving()
+        || unsafe {
+            pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+        }
+    {
+        return false;
+    }
+    // SAFETY: a TruncateStmt's relations are RangeVars, valid for the call.
+    let relids: Vec<pg_sys::Oid> = unsafe {
+        let stmt = &*(node as *mut pg_sys::TruncateStmt);
+        super::replicate::list_ptrs(stmt.relations)
+            .map(|rv| {
+                pg_sys::RangeVarGetRelidExtended(
+                    rv as *mut pg_sys::RangeVar,
+                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    pg_sys::RVROption::RVR_MISSING_OK,
+                    None,
+                    std::ptr::null_mut(),
+                )
+            })
+            .filter(|oid| *oid != pg_sys::InvalidOid)
+            .collect()
+    };
     let database = catalog::database_name();
-    // The replicated tables among them (a partition stands for its table), not fenced yet.
+    let tables: Vec<TableRef> = replicated_tables(&database, relids)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    if tables.is_empty() {
+        return false;
+    }
+    let Some(ranges) = sidecar::table_ranges(database, tables).or_raise() else {
+        return false;
+    };
+    let holders: std::collections::BTreeSet<Option<u64>> = ranges
+        .iter()
+        .map(|r| (!r.here).then_some(r.leaseholder).flatten())
+        .collect();
+    let mut holders = holders.into_iter();
+    match (holders.next(), holders.next()) {
+        (Some(Some(node)), None) => {
+            // SAFETY: the caller's contract: the statement's text and its place in it.
+            let sql = unsafe { routing::statement_text(pstmt, query_string) };
+            routing::refuse_with_schema_change(node);
+            routing::run_on(node, &sql, Vec::new()).or_raise();
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The replicated tables among `relids` (a partition stands for its table), once each.
+fn replicated_tables(database: &str, relids: Vec<pg_sys::Oid>) -> Vec<(pg_sys::Oid, TableRef)> {
     let mut tables: Vec<(pg_sys::Oid, TableRef)> = Vec::new();
     for relid in relids {
         let rows = spi::read_rows(
@@ -110,14 +182,25 @@ fn fence(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
             continue;
         };
         let oid = pg_sys::Oid::from(oid.parse::<u32>().unwrap_or(0));
-        let done = STATE.with(|s| s.borrow().tables.iter().any(|(_, o, _)| *o == oid))
-            || tables.iter().any(|(o, _)| *o == oid);
-        if !done {
+        if !tables.iter().any(|(o, _)| *o == oid) {
             let t = TableRef {
-                database: database.clone(),
+                database: database.to_string(),
                 schema,
                 table,
             };
+            tables.push((oid, t));
+        }
+    }
+    tables
+}
+
+fn fence(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
+    let database = catalog::database_name();
+    // The replicated tables among them (a partition stands for its table), not fenced yet.
+    let mut tables: Vec<(pg_sys::Oid, TableRef)> = Vec::new();
+    for (oid, t) in replicated_tables(&database, relids) {
+        let done = STATE.with(|s| s.borrow().tables.iter().any(|(_, o, _)| *o == oid));
+        if !done {
             tables.push((oid, t));
         }
     }

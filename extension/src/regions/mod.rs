@@ -27,6 +27,7 @@ use spi::{ident, lit, run};
 use std::collections::BTreeSet;
 
 pub(crate) use fence::before_ddl as fence_before_ddl;
+pub(crate) use fence::before_truncate as await_ranges_before_truncate;
 pub(crate) use replicate::{database_ddl, database_ddl_done, replicate_ddl, replicated_ddl};
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);
