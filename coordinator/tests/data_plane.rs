@@ -2064,8 +2064,9 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
 /// transaction: a multi-region VALUES list and an `INSERT … SELECT` through one node, an
 /// UPDATE that moves a row between two other regions (its globally unique key still guards
 /// it afterwards, and a moved row's other unique key still meets the rows it left behind), a
-/// rolled-back move, and the refusals where the statement would have to see such rows (ON
-/// CONFLICT, RETURNING). A table made REGIONAL BY ROW through the
+/// rolled-back move, RETURNING of such rows (from where they are written), and the refusal
+/// where the statement would have to see such rows (ON CONFLICT). A table made REGIONAL BY
+/// ROW through the
 /// us-west1 node gives its existing rows that node's region on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_transaction() {
@@ -2113,13 +2114,40 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
             .await
             .expect_err("account 2 exists in europe-west1");
     assert_eq!(code(&err), "23505", "{err}");
-    for sql in [
-        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) ON CONFLICT DO NOTHING",
-        "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) RETURNING id",
-    ] {
-        let err = sqlx::raw_sql(sql).execute(&mut east).await.expect_err(sql);
-        assert_eq!(code(&err), "0A000", "{sql}: {err}");
-    }
+    let sql = "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) ON CONFLICT DO NOTHING";
+    let err = sqlx::raw_sql(sql).execute(&mut east).await.expect_err(sql);
+    assert_eq!(code(&err), "0A000", "{sql}: {err}");
+    // RETURNING rows written elsewhere come back from there, after the statement's own: an
+    // INSERT over three regions (with the table's alias) and an UPDATE that rehomes a row.
+    let returned: Vec<(i32, String, i64)> = sqlx::query_as(
+        "INSERT INTO accounts AS a (crdb_region, id, balance) \
+         VALUES ('us-west1', 30, 5), ('us-east1', 32, 6), ('europe-west1', 31, 7) \
+         RETURNING a.id, crdb_region::text, a.balance * 10",
+    )
+    .fetch_all(&mut east)
+    .await
+    .unwrap();
+    let mut sorted = returned.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        vec![
+            (30, "us-west1".to_string(), 50),
+            (31, "europe-west1".to_string(), 70),
+            (32, "us-east1".to_string(), 60)
+        ]
+    );
+    assert_eq!(
+        returned[0].0, 32,
+        "the statement's own row first: {returned:?}"
+    );
+    let moved: Vec<(i32, String)> = sqlx::query_as(
+        "UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 32 RETURNING id, crdb_region::text",
+    )
+    .fetch_all(&mut east)
+    .await
+    .unwrap();
+    assert_eq!(moved, vec![(32, "us-west1".to_string())]);
     let b = balances_converged(&nodes).await;
     let got: Vec<(String, i32)> = b.into_iter().map(|r| (r.0, r.1)).collect();
     let want: Vec<(String, i32)> = [
@@ -2135,6 +2163,9 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
         ("europe-west1", 23),
         ("us-east1", 24),
         ("us-west1", 25),
+        ("us-west1", 30),
+        ("europe-west1", 31),
+        ("us-west1", 32),
     ]
     .into_iter()
     .map(|(r, i)| (r.to_string(), i))

@@ -22,6 +22,9 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
 
+/// The schema of the key tables.
+pub const KEY_SCHEMA: &str = "multiregion_keys";
+
 /// One row's change to a key: (subtransaction, key table, parent table, constraint, old
 /// key, new key); tables as (schema, name).
 type Change = (

@@ -7,9 +7,12 @@
 //! those rows out of this node's copy and collects them; once the statement has run, the
 //! origin of the transaction writes them at their leaseholders as parts of the same
 //! transaction (committed together by two-phase commit), where their uniqueness is checked
-//! and their locks are taken, as for any write there. What the statement itself would have
-//! to see of those rows cannot be had: `ON CONFLICT` (the conflict is decided where the row is
-//! leased) and `RETURNING` of such rows are refused instead.
+//! and their locks are taken, as for any write there. Their `RETURNING` rows come from there
+//! too (the INSERT there returns the statement's RETURNING list, as written) and reach the
+//! statement's destination after its own rows. What the statement itself would have to see
+//! of those rows cannot be had: `ON CONFLICT` (the conflict is decided where the row is
+//! leased), a data-modifying WITH, and a RETURNING list that names other tables (an UPDATE's
+//! FROM) or parameters are refused instead.
 
 use crate::error::MrError;
 use crate::{replication, routing, sidecar};
@@ -205,11 +208,12 @@ pub fn route_row<'a>(
 /// The INSERT that writes a group of moved rows at their leaseholder, as the appliers write
 /// replicated rows: every column the rows can give (not generated ones, nor a region column
 /// computed from others, which the insert computes again), identity columns included, read
-/// from the rows' to_jsonb form. Identifiers are quoted by PostgreSQL.
-pub fn insert_sql(m: &MovedRows) -> String {
+/// from the rows' to_jsonb form; the table named `alias` when given (a RETURNING list may
+/// use the statement's alias). Identifiers are quoted by PostgreSQL.
+pub fn insert_sql(m: &MovedRows, alias: Option<&str>) -> String {
     let row = crate::regions::spi::read_rows(
-        "SELECT format('INSERT INTO %I.%I (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM pg_catalog.jsonb_populate_recordset(NULL::%I.%I, $1::pg_catalog.jsonb)', \
-                $1, $2, cols, cols, $1, $2) \
+        "SELECT format('INSERT INTO %I.%I%s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM pg_catalog.jsonb_populate_recordset(NULL::%I.%I, $1::pg_catalog.jsonb)', \
+                $1, $2, coalesce(' AS ' || pg_catalog.quote_ident($3), ''), cols, cols, $1, $2) \
            FROM (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) AS cols \
                    FROM pg_catalog.pg_attribute a \
                   WHERE a.attrelid = pg_catalog.format('%I.%I', $1, $2)::regclass \
@@ -217,7 +221,7 @@ pub fn insert_sql(m: &MovedRows) -> String {
                     AND NOT EXISTS (SELECT FROM multiregion.table_locality l \
                                      WHERE l.relid = a.attrelid AND l.region_column = a.attname \
                                        AND l.region_expr_sql IS NOT NULL)) c",
-        vec![m.schema.clone().into(), m.table.clone().into()],
+        vec![m.schema.clone().into(), m.table.clone().into(), alias.into()],
     );
     row.into_iter()
         .next()

@@ -672,6 +672,18 @@ pub fn has_local_changes() -> bool {
     TXN.with(|t| !t.borrow().changes.is_empty())
 }
 
+/// Whether this transaction's captured row changes are all of global key tables (its key
+/// changes applied here, where the key tables are leased), and so read nothing its snapshot
+/// must agree with elsewhere.
+pub fn local_changes_keys_only() -> bool {
+    TXN.with(|t| {
+        t.borrow()
+            .changes
+            .iter()
+            .all(|c| target(c.relid).is_some_and(|t| t.schema == crate::global_keys::KEY_SCHEMA))
+    })
+}
+
 /// Under READ COMMITTED, gives a query that has passed its read barrier a snapshot taken
 /// after the wait (REPEATABLE READ and SERIALIZABLE keep the transaction's).
 ///

@@ -65,6 +65,21 @@ struct Forwarded {
 struct Collect {
     /// Why it must see every row it writes itself, if it must.
     refuse: Option<&'static str>,
+    /// Its RETURNING list, which the rows written elsewhere return from there.
+    returning: Option<Returning>,
+}
+
+/// A row as text, as statements forwarded to other nodes return them.
+type TextRow = Vec<Option<String>>;
+
+/// A statement's RETURNING list as its text, to return the rows it wrote at another node's
+/// leaseholder from the INSERT that writes them there.
+#[derive(Clone)]
+struct Returning {
+    /// The list as written (after the RETURNING keyword).
+    list: String,
+    /// The target table's alias in the statement, which the list may use.
+    alias: Option<String>,
 }
 
 /// Why a statement that wrote rows for another node's partition could not let them go.
@@ -354,13 +369,23 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                             != pg_sys::OnConflictAction::ONCONFLICT_NONE
                         {
                             Some(ON_CONFLICT)
-                        } else if ps.hasReturning {
-                            Some(RETURNING)
                         } else {
                             None
                         }
                     };
-                    COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse }));
+                    // SAFETY: as this function's contract.
+                    let returning = match refuse {
+                        None if unsafe { (*qd.plannedstmt).hasReturning } => unsafe {
+                            returning_of(qd)
+                        },
+                        _ => None,
+                    };
+                    // SAFETY: as above.
+                    let refuse = refuse.or_else(|| {
+                        (unsafe { (*qd.plannedstmt).hasReturning } && returning.is_none())
+                            .then_some(RETURNING)
+                    });
+                    COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, returning }));
                 }
                 if has_remotes {
                     set_local_lock_timeout();
@@ -372,7 +397,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             ..
         }) => {
             refuse_dynamic(node);
-            if snapshot_isolation && replication::has_local_changes() {
+            if snapshot_isolation
+                && replication::has_local_changes()
+                && !replication::local_changes_keys_only()
+            {
                 MrError::WriteNotServed {
                     message: format!(
                         "this REPEATABLE READ or SERIALIZABLE transaction wrote rows leased on this node and now touches rows leased on node {node}"
@@ -440,13 +468,24 @@ pub unsafe fn executor_run(
         match COLLECT.with(|c| c.borrow().get(&key).cloned()) {
             Some(c) => {
                 let collecting = crate::moved::collect(c.refuse);
+                // SAFETY: `qd` is started; its destination is valid until ExecutorEnd.
+                let deferred = c
+                    .returning
+                    .is_some()
+                    .then(|| unsafe { DeferredDest::new(qd) });
                 run();
                 let moved = collecting.finish();
-                if !moved.is_empty() {
-                    let n = write_moved(moved).or_raise();
-                    // SAFETY: the QueryDesc has run; its estate is valid until ExecutorEnd.
-                    unsafe { (*(*qd).estate).es_processed += n };
+                let (n, rows) = if moved.is_empty() {
+                    (0, Vec::new())
+                } else {
+                    write_moved(moved, c.returning.as_ref()).or_raise()
+                };
+                if let Some(d) = deferred {
+                    // SAFETY: the QueryDesc has run; its result descriptor is valid.
+                    unsafe { d.finish(&rows) };
                 }
+                // SAFETY: the QueryDesc has run; its estate is valid until ExecutorEnd.
+                unsafe { (*(*qd).estate).es_processed += n };
             }
             None => run(),
         }
@@ -491,7 +530,7 @@ unsafe fn run_forwarded(
                 .map(|x| x.shares.clone())
                 .unwrap_or_default()
         });
-        let (mut processed, rows, moved) = if shares.is_empty() {
+        let (mut processed, mut rows, moved) = if shares.is_empty() {
             // SAFETY: `qd` is started: its statement, text and parameters are valid.
             unsafe { forward_statement(qd, node, Vec::new()) }.or_raise()
         } else {
@@ -499,7 +538,14 @@ unsafe fn run_forwarded(
             unsafe { run_shares(qd, shares) }.or_raise()
         };
         if !moved.is_empty() {
-            processed += write_moved(moved).or_raise();
+            // SAFETY: as above. The rows moved return the statement's RETURNING list from
+            // where they are written, after the statement's own rows.
+            let returning = unsafe { (*qd.plannedstmt).hasReturning }
+                .then(|| unsafe { returning_of(qd) })
+                .flatten();
+            let (n, returned) = write_moved(moved, returning.as_ref()).or_raise();
+            processed += n;
+            rows.extend(returned);
         }
         FORWARDED.with(|f| {
             if let Some(x) = f.borrow_mut().get_mut(&key) {
@@ -539,15 +585,7 @@ unsafe fn run_forwarded(
             }
             let td = qd.tupDesc;
             let natts = (*td).natts as usize;
-            let attrs = (*td).attrs.as_slice(natts);
-            let mut inputs = Vec::with_capacity(natts);
-            for a in attrs {
-                let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-                if !a.attisdropped {
-                    pg_sys::getTypeInputInfo(a.atttypid, &mut func, &mut ioparam);
-                }
-                inputs.push((func, ioparam, a.atttypmod, a.attisdropped));
-            }
+            let inputs = input_functions(td);
             let slot = pg_sys::MakeSingleTupleTableSlot(td, &pg_sys::TTSOpsVirtual);
             let mut cx = PgMemoryContexts::new("forwarded rows");
             loop {
@@ -570,31 +608,7 @@ unsafe fn run_forwarded(
                     ))
                     .raise();
                 }
-                if let Some(clear) = (*(*slot).tts_ops).clear {
-                    clear(slot);
-                }
-                cx.switch_to(|_| {
-                    for (i, &(func, ioparam, typmod, dropped)) in inputs.iter().enumerate() {
-                        let v = row.get(i).cloned().flatten();
-                        match v {
-                            Some(text) if !dropped => {
-                                let c = CString::new(text).unwrap_or_default();
-                                *(*slot).tts_values.add(i) = pg_sys::OidInputFunctionCall(
-                                    func,
-                                    c.as_ptr() as *mut _,
-                                    ioparam,
-                                    typmod,
-                                );
-                                *(*slot).tts_isnull.add(i) = false;
-                            }
-                            _ => {
-                                *(*slot).tts_values.add(i) = pg_sys::Datum::from(0);
-                                *(*slot).tts_isnull.add(i) = true;
-                            }
-                        }
-                    }
-                });
-                pg_sys::ExecStoreVirtualTuple(slot);
+                cx.switch_to(|_| fill_slot(slot, &inputs, &row));
                 let more = match (*dest).receiveSlot {
                     Some(receive) => pg_sys::ffi::pg_guard_ffi_boundary(|| receive(slot, dest)),
                     None => true,
@@ -692,7 +706,8 @@ pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
 
 /// Runs a split statement's shares, each on its leaseholder over its partitions (this
 /// node's own through SPI in this transaction), one after the other: their rows together, in
-/// share order, and the rows processed in all, rows they moved to other partitions included.
+/// share order, the rows processed in all, and the rows they moved to other partitions (for
+/// the caller to write).
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
@@ -719,10 +734,10 @@ unsafe fn run_shares(
         rows.append(&mut r);
         moved.append(&mut m);
     }
-    // Written once every share has run, so that no share sees (and changes again) a row
-    // another share moved into its partitions, as one statement never sees its own rows.
-    processed += write_moved(moved)?;
-    Ok((processed, rows, Vec::new()))
+    // Written by the caller once every share has run, so that no share sees (and changes
+    // again) a row another share moved into its partitions, as one statement never sees its
+    // own rows.
+    Ok((processed, rows, moved))
 }
 
 /// This transaction's statements here wait for locks no longer than a distributed lock
@@ -836,7 +851,7 @@ pub unsafe fn copy_from(
     run();
     let moved = collecting.finish();
     if !moved.is_empty() {
-        let n = write_moved(moved).or_raise();
+        let (n, _) = write_moved(moved, None).or_raise();
         // SAFETY: the caller's contract: the statement's completion, filled in by COPY.
         unsafe {
             if !qc.is_null() {
@@ -850,13 +865,23 @@ pub unsafe fn copy_from(
 /// here, where this node leases the partition), as parts of this transaction: the number of
 /// rows written. Their global keys are applied with the statement's other key changes
 /// (`crate::global_keys`), where a moved row's key released and taken again stays.
-fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
+/// With `returning`, each INSERT returns the statement's RETURNING list: the rows it
+/// returned, as text.
+fn write_moved(
+    moved: Vec<mr_wire::local::MovedRows>,
+    returning: Option<&Returning>,
+) -> Result<(u64, Vec<TextRow>), MrError> {
     let mut written = 0;
+    let mut returned = Vec::new();
     for (m, json) in moved
         .iter()
         .flat_map(|m| crate::moved::rows_json(m).into_iter().map(move |j| (m, j)))
     {
-        let sql = crate::moved::insert_sql(m);
+        let mut sql = crate::moved::insert_sql(m, returning.and_then(|r| r.alias.as_deref()));
+        if let Some(r) = returning {
+            sql.push_str(" RETURNING ");
+            sql.push_str(&r.list);
+        }
         let table = mr_meta::TableRef {
             database: database(),
             schema: m.schema.clone(),
@@ -871,7 +896,7 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
             false,
             txn_nodes,
         )?;
-        let (n, _, again) = match route.forward_to {
+        let (n, rows, again) = match route.forward_to {
             Some(node) => {
                 if crate::regions::has_pending_schema_change() {
                     return Err(MrError::SchemaChangePending { node });
@@ -906,8 +931,9 @@ fn write_moved(moved: Vec<mr_wire::local::MovedRows>) -> Result<u64, MrError> {
             });
         }
         written += n;
+        returned.extend(rows);
     }
-    Ok(written)
+    Ok((written, returned))
 }
 
 /// Sends the statement of `qd` to `node` (over `partitions` of its target only, when not
@@ -1039,6 +1065,265 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
 /// Whether this backend is running a statement served for another node's transaction.
 pub fn serving() -> bool {
     SERVING.with(Cell::get) > 0
+}
+
+/// The RETURNING list of `qd`'s INSERT or UPDATE as its text, if the rows it writes at
+/// other nodes can return it from there: it names only the target table (an UPDATE with
+/// FROM may name others) and no parameter (the INSERT there has its own).
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn returning_of(qd: &pg_sys::QueryDesc) -> Option<Returning> {
+    // SAFETY: as this function's contract.
+    let sql = unsafe { statement_of(qd) }.sql;
+    let c = CString::new(sql.as_str()).ok()?;
+    // SAFETY: the raw parse tree of the statement's own text, read by node tag.
+    unsafe {
+        let parsed = pg_sys::raw_parser(c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        if parsed.is_null() || (*parsed).length != 1 {
+            return None;
+        }
+        let stmt = (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt;
+        portable_returning(stmt, &sql)
+    }
+}
+
+/// The RETURNING list of raw INSERT or UPDATE `stmt` (parsed from `sql`) as its text, if
+/// the rows it writes at other nodes can return it from there: it names only the target
+/// table (an UPDATE with FROM may name others) and no parameter.
+///
+/// # Safety
+/// `stmt` is a raw parse tree node parsed from `sql` (its locations are offsets into it).
+#[allow(unsafe_code)]
+unsafe fn portable_returning(stmt: *mut pg_sys::Node, sql: &str) -> Option<Returning> {
+    // SAFETY: as this function's contract; nodes are read by tag before casts.
+    unsafe {
+        let (list, relation) = match (*stmt).type_ {
+            pg_sys::NodeTag::T_InsertStmt => {
+                let i = &*(stmt as *mut pg_sys::InsertStmt);
+                (i.returningList, i.relation)
+            }
+            pg_sys::NodeTag::T_UpdateStmt => {
+                let u = &*(stmt as *mut pg_sys::UpdateStmt);
+                if !u.fromClause.is_null() {
+                    return None;
+                }
+                (u.returningList, u.relation)
+            }
+            _ => return None,
+        };
+        if list.is_null() || (*list).length == 0 {
+            return None;
+        }
+        let first = pg_sys::list_nth(list, 0) as *mut pg_sys::ResTarget;
+        let at = usize::try_from((*first).location).ok()?;
+        let text = sql.get(at..)?.trim_end().trim_end_matches(';').trim_end();
+        if text.is_empty() || text.contains('$') {
+            return None;
+        }
+        let alias = (!relation.is_null() && !(*relation).alias.is_null()).then(|| {
+            CStr::from_ptr((*(*relation).alias).aliasname)
+                .to_string_lossy()
+                .into_owned()
+        });
+        Some(Returning {
+            list: text.to_string(),
+            alias,
+        })
+    }
+}
+
+/// A statement's destination with its end put off: the rows a statement wrote at other
+/// nodes return their RETURNING rows after the statement has run here, and are sent to the
+/// same destination before it is shut down ([`DeferredDest::finish`]).
+#[repr(C)]
+struct DeferredReceiver {
+    /// First, so that a pointer to this is a `DestReceiver` pointer.
+    base: pg_sys::DestReceiver,
+    real: *mut pg_sys::DestReceiver,
+    started: bool,
+}
+
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn deferred_startup(
+    d: *mut pg_sys::DestReceiver,
+    operation: std::ffi::c_int,
+    td: pg_sys::TupleDesc,
+) {
+    // SAFETY: `d` is a DeferredReceiver (its `base` first); `real` is the statement's valid
+    // destination; the call is guarded so an ERROR unwinds through this frame.
+    unsafe {
+        let p = d as *mut DeferredReceiver;
+        let real = (*p).real;
+        if let Some(f) = (*real).rStartup {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| f(real, operation, td));
+        }
+        (*p).started = true;
+    }
+}
+
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn deferred_receive(
+    slot: *mut pg_sys::TupleTableSlot,
+    d: *mut pg_sys::DestReceiver,
+) -> bool {
+    // SAFETY: as `deferred_startup`.
+    unsafe {
+        let real = (*(d as *mut DeferredReceiver)).real;
+        match (*real).receiveSlot {
+            Some(f) => pg_sys::ffi::pg_guard_ffi_boundary(|| f(slot, real)),
+            None => true,
+        }
+    }
+}
+
+/// The end comes later, from [`DeferredDest::finish`].
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn deferred_nothing(_d: *mut pg_sys::DestReceiver) {}
+
+/// `qd`'s destination replaced by a [`DeferredReceiver`] until [`DeferredDest::finish`] (or
+/// its drop, after an ERROR, which puts the real one back and leaves it as the ERROR does).
+struct DeferredDest {
+    qd: *mut pg_sys::QueryDesc,
+    receiver: *mut DeferredReceiver,
+}
+
+impl DeferredDest {
+    /// # Safety
+    /// `qd` is a started QueryDesc whose destination is valid until ExecutorEnd.
+    #[allow(unsafe_code)]
+    unsafe fn new(qd: *mut pg_sys::QueryDesc) -> DeferredDest {
+        // SAFETY: the receiver lives in the current memory context, which outlives the
+        // statement's run; it is fully initialized before the executor sees it.
+        unsafe {
+            let receiver =
+                pg_sys::palloc0(std::mem::size_of::<DeferredReceiver>()) as *mut DeferredReceiver;
+            let real = (*qd).dest;
+            (*receiver).base = pg_sys::DestReceiver {
+                receiveSlot: Some(deferred_receive),
+                rStartup: Some(deferred_startup),
+                rShutdown: Some(deferred_nothing),
+                rDestroy: Some(deferred_nothing),
+                mydest: (*real).mydest,
+            };
+            (*receiver).real = real;
+            (*receiver).started = false;
+            (*qd).dest = receiver as *mut pg_sys::DestReceiver;
+            DeferredDest { qd, receiver }
+        }
+    }
+
+    /// Sends `rows` (text, in the statement's result columns) to the real destination, ends
+    /// it, and puts it back in the QueryDesc.
+    ///
+    /// # Safety
+    /// The QueryDesc has run; its result descriptor is valid.
+    #[allow(unsafe_code)]
+    unsafe fn finish(self, rows: &[TextRow]) {
+        // SAFETY: as this function's contract; the slot is made for the result descriptor and
+        // dropped before returning; datums live in a context reset after each row is sent.
+        unsafe {
+            let real = (*self.receiver).real;
+            if (*self.receiver).started {
+                let td = (*self.qd).tupDesc;
+                let slot = pg_sys::MakeSingleTupleTableSlot(td, &pg_sys::TTSOpsVirtual);
+                let inputs = input_functions(td);
+                let mut cx = PgMemoryContexts::new("rows returned from other nodes");
+                for row in rows {
+                    if row.len() != inputs.len() {
+                        MrError::Sidecar(format!(
+                            "a leaseholder returned a row of {} columns for a result of {}",
+                            row.len(),
+                            inputs.len()
+                        ))
+                        .raise();
+                    }
+                    cx.switch_to(|_| fill_slot(slot, &inputs, row));
+                    let more = match (*real).receiveSlot {
+                        Some(f) => pg_sys::ffi::pg_guard_ffi_boundary(|| f(slot, real)),
+                        None => true,
+                    };
+                    cx.reset();
+                    if !more {
+                        break;
+                    }
+                }
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+                if let Some(f) = (*real).rShutdown {
+                    pg_sys::ffi::pg_guard_ffi_boundary(|| f(real));
+                }
+            }
+        }
+        // `drop` puts the real destination back.
+    }
+}
+
+impl Drop for DeferredDest {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the QueryDesc outlives this value (both belong to one executor run).
+        unsafe { (*self.qd).dest = (*self.receiver).real };
+    }
+}
+
+/// Each result column's input function, I/O parameter and typmod, and whether it is dropped.
+///
+/// # Safety
+/// `td` is a valid tuple descriptor.
+#[allow(unsafe_code)]
+unsafe fn input_functions(td: pg_sys::TupleDesc) -> Vec<(pg_sys::Oid, pg_sys::Oid, i32, bool)> {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let natts = (*td).natts as usize;
+        let attrs = (*td).attrs.as_slice(natts);
+        let mut inputs = Vec::with_capacity(natts);
+        for a in attrs {
+            let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+            if !a.attisdropped {
+                pg_sys::getTypeInputInfo(a.atttypid, &mut func, &mut ioparam);
+            }
+            inputs.push((func, ioparam, a.atttypmod, a.attisdropped));
+        }
+        inputs
+    }
+}
+
+/// Fills `slot` (cleared first) with `row`'s text values through `inputs` and stores it.
+///
+/// # Safety
+/// `slot` is a virtual slot of the descriptor `inputs` was made from, with as many columns
+/// as `row`.
+#[allow(unsafe_code)]
+unsafe fn fill_slot(
+    slot: *mut pg_sys::TupleTableSlot,
+    inputs: &[(pg_sys::Oid, pg_sys::Oid, i32, bool)],
+    row: &[Option<String>],
+) {
+    // SAFETY: as this function's contract.
+    unsafe {
+        if let Some(clear) = (*(*slot).tts_ops).clear {
+            clear(slot);
+        }
+        for (i, &(func, ioparam, typmod, dropped)) in inputs.iter().enumerate() {
+            match row.get(i).cloned().flatten() {
+                Some(text) if !dropped => {
+                    let c = CString::new(text).unwrap_or_default();
+                    *(*slot).tts_values.add(i) =
+                        pg_sys::OidInputFunctionCall(func, c.as_ptr() as *mut _, ioparam, typmod);
+                    *(*slot).tts_isnull.add(i) = false;
+                }
+                _ => {
+                    *(*slot).tts_values.add(i) = pg_sys::Datum::from(0);
+                    *(*slot).tts_isnull.add(i) = true;
+                }
+            }
+        }
+        pg_sys::ExecStoreVirtualTuple(slot);
+    }
 }
 
 /// A utility statement's own text (one statement of a multi-statement string).
@@ -1218,7 +1503,7 @@ pub fn pre_commit() -> Result<(), MrError> {
     // transaction's snapshot must agree with, and a key another transaction took since it
     // began is a serialization failure there.
     let general = remotes.iter().filter(|r| !r.keys_only).count()
-        + usize::from(replication::has_local_changes());
+        + usize::from(replication::has_local_changes() && !replication::local_changes_keys_only());
     // SAFETY: reads a backend global.
     if general > 1 && unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
         // Statements are kept on one node under these levels; this is a backstop.
@@ -1533,13 +1818,16 @@ fn exec_share(
         }
         // An INSERT, or an UPDATE that moves rows, may write partitions leased elsewhere.
         collecting = match tag {
+            // RETURNING rows written elsewhere come back from there when the list can be
+            // asked of them (the origin writes them: `run_forwarded`).
             pg_sys::NodeTag::T_InsertStmt => {
                 let ins = stmt as *mut pg_sys::InsertStmt;
                 Some(crate::moved::collect(if !(*ins).withClause.is_null() {
                     Some(MODIFYING_WITH)
                 } else if !(*ins).onConflictClause.is_null() {
                     Some(ON_CONFLICT)
-                } else if !(*ins).returningList.is_null() {
+                } else if !(*ins).returningList.is_null() && portable_returning(stmt, sql).is_none()
+                {
                     Some(RETURNING)
                 } else {
                     None
@@ -1549,7 +1837,8 @@ fn exec_share(
                 let upd = stmt as *mut pg_sys::UpdateStmt;
                 Some(crate::moved::collect(if !(*upd).withClause.is_null() {
                     Some(MODIFYING_WITH)
-                } else if !(*upd).returningList.is_null() {
+                } else if !(*upd).returningList.is_null() && portable_returning(stmt, sql).is_none()
+                {
                     Some(RETURNING)
                 } else {
                     None
