@@ -2244,6 +2244,40 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
         .await;
         assert_eq!(regions, "us-west1", "{}", n.data_dir.display());
     }
+
+    // Auto-rehoming through a node that does not lease the row: the UPDATE runs at the
+    // row's leaseholder, and the row moves to the region of the node it was sent through
+    // (rehome_row() answered the leaseholder's own region there, and the row stayed).
+    exec(&mut east, "SET multiregion.enable_auto_rehoming = on").await;
+    sqlx::query("SELECT multiregion.execute($1)")
+        .bind("CREATE TABLE sessions (id int PRIMARY KEY, hits int) LOCALITY REGIONAL BY ROW")
+        .execute(&mut east)
+        .await
+        .unwrap();
+    exec(&mut east, "RESET multiregion.enable_auto_rehoming").await;
+    exec_once_settled(&mut west, "INSERT INTO sessions VALUES (1, 0)").await;
+    exec(
+        &mut east,
+        "UPDATE sessions SET hits = hits + 1 WHERE id = 1",
+    )
+    .await;
+    for n in &nodes {
+        eventually(
+            "the session rehomed to us-east1 everywhere",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let r: String = sqlx::query_scalar(
+                    "SELECT crdb_region::text || ':' || hits FROM sessions WHERE id = 1",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                (r == "us-east1:1").then_some(())
+            },
+        )
+        .await;
+    }
     check_consistency(&nodes[0]);
 }
 

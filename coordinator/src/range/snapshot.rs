@@ -353,6 +353,26 @@ fn seed_fetch(budget: usize) -> usize {
 }
 
 impl Source {
+    /// Whether the relation holding the range's rows is committed here, in the layout the
+    /// range has: the partition's leaf of a REGIONAL BY ROW table, or the table.
+    pub async fn relation_here(&self) -> Result<bool, Error> {
+        let mut c = self.connect().await?;
+        let r = sqlx::query_scalar::<_, bool>(
+            "SELECT CASE \
+               WHEN pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text)) IS NULL THEN false \
+               WHEN $3::text IS NULL THEN true \
+               ELSE multiregion.range_leaf($1, $2, $3) IS NOT NULL END",
+        )
+        .bind(&self.table.schema)
+        .bind(&self.table.table)
+        .bind(&self.partition)
+        .fetch_one(&mut c)
+        .await
+        .map_err(|e| e.to_string());
+        let _ = c.close().await;
+        r
+    }
+
     /// The database's multi-region schema version here.
     pub async fn schema_version(&self) -> Result<u64, Error> {
         let mut c = self.connect().await?;
@@ -536,27 +556,22 @@ impl super::Ranges {
             return Ok((0, 0));
         }
         let here = self.source(d.table.clone(), d.partition.clone());
-        // The schema change that made the range (committed to the meta group before the range
-        // was created) must be committed here first: until then this node's copy still has
-        // the old layout — on the node that made the change, until its own transaction ends —
-        // and the seed's source, told this version, waits for it too.
-        let made = self
-            .meta
-            .read(|s| s.schema(&d.table.database).map_or(0, |l| l.version));
+        // The range's relation must be here first — on the node that made the change, that
+        // is once its own transaction has committed — or this node would skip the fetch as
+        // the seed's source, or install into a layout the table is leaving. Only the
+        // relation: a later change of another table committed meanwhile must not hold the
+        // seed up (this node may only be able to apply that one once the seed is in).
         let deadline = tokio::time::Instant::now() + SEED_WAIT;
-        let schema_version = loop {
-            let v = here.schema_version().await?;
-            if v >= made {
-                break v;
-            }
+        while !here.relation_here().await? {
             if tokio::time::Instant::now() >= deadline {
                 return Err(format!(
-                    "node {} has schema version {v} of {made}: the range's table is not here yet",
+                    "node {} has not committed the new range's relation yet",
                     self.me
                 ));
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        };
+        }
+        let schema_version = here.schema_version().await?;
         // (old range, the rows of it wanted: a partition or the whole (key) table, a merge)
         let sources: Vec<(u64, Option<String>, bool)> = if d.merge.is_empty() {
             let from = d.seed.ok_or("the range has no seed")?;

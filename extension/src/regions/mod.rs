@@ -410,10 +410,15 @@ fn default_to_database_primary_region(region: &str) -> Option<String> {
 }
 
 /// CockroachDB's `rehome_row()`: the gateway region if it is a database region, else the
-/// primary region; used as `ON UPDATE` value of region columns under auto-rehoming.
+/// primary region; used as `ON UPDATE` value of region columns under auto-rehoming. A
+/// statement served for another node's transaction rehomes to that node's region, not to
+/// this (the leaseholder's) one.
 #[pg_extern(schema = "multiregion", stable, parallel_safe)]
 fn rehome_row() -> Option<String> {
-    let gateway = crate::gucs::locality().ok()?.region().to_owned();
+    let gateway = match crate::routing::gateway_region_override() {
+        Some(region) => region,
+        None => crate::gucs::locality().ok()?.region().to_owned(),
+    };
     default_to_database_primary_region(&gateway)
 }
 
