@@ -819,7 +819,7 @@ pub unsafe fn without_copy_freeze(pstmt: *mut pg_sys::PlannedStmt) -> *mut pg_sy
 /// Runs a utility statement; a `COPY … FROM` into a replicated table keeps the rows for
 /// ranges this node does not lease out of its copy (`crate::moved`) and writes them at their
 /// leaseholders afterwards, as parts of this transaction, as an INSERT's rows for other
-/// regions are: so a COPY (`psql \copy`, `pg_restore`, `pgbench -i`) works through any node.
+/// regions are: so a COPY (`psql \copy`, `pgbench -i`) works through any node.
 ///
 /// # Safety
 /// `pstmt` is the PlannedStmt PostgreSQL is about to run; `qc`, if not null, its completion.
