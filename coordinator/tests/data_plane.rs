@@ -2762,3 +2762,106 @@ async fn count_in_db(node: &Node, db: &str, sql: &str) -> Option<i64> {
         .await
         .ok()
 }
+
+/// Foreign keys hold across leaseholders, with the transaction's own changes and row locks.
+/// `parent` is leased in us-west1 (node 2), `child` (ON UPDATE/DELETE CASCADE) and `pinned`
+/// (NO ACTION) in europe-west1 (node 3), and node 1 leases neither. A statement served for
+/// another node used to check its foreign keys against that node's copy: a parent inserted
+/// earlier in the same transaction on its leaseholder was missing there (23503 for a valid
+/// row), a cascade's check failed the same way, and the lock a check takes was taken on a
+/// copy, holding off no writer at the leaseholder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes() {
+    let dir = scratch("data-fk");
+    let nodes = start_cluster(dir.path(), 59, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = regional_accounts(&nodes).await;
+    execute_all(
+        &mut m,
+        &[
+            r#"CREATE TABLE parent (id int PRIMARY KEY, v text) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE child (id int PRIMARY KEY, pid int REFERENCES parent (id) ON UPDATE CASCADE ON DELETE CASCADE) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            r#"CREATE TABLE pinned (id int PRIMARY KEY, pid int REFERENCES parent (id)) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+        ],
+    )
+    .await;
+    // The new tables' ranges and leases settle first.
+    exec_once_settled(&mut m, "INSERT INTO parent VALUES (100, 'settled')").await;
+    exec_once_settled(&mut m, "INSERT INTO child VALUES (100, 100)").await;
+    exec_once_settled(&mut m, "INSERT INTO parent VALUES (101, 'pinned')").await;
+    exec_once_settled(&mut m, "INSERT INTO pinned VALUES (101, 101)").await;
+
+    // A parent and its child in one transaction through node 1: the child's check, run by
+    // node 3 for node 1, sees the parent node 2 holds uncommitted for this transaction.
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO parent VALUES (1, 'a'); INSERT INTO child VALUES (10, 1); \
+         INSERT INTO pinned VALUES (10, 1); COMMIT",
+    )
+    .await;
+    // A child of no parent: PostgreSQL's own error, text and all.
+    let err = sqlx::query("INSERT INTO child VALUES (11, 99)")
+        .execute(&mut east)
+        .await
+        .expect_err("parent 99 does not exist");
+    assert_eq!(code(&err), "23503", "{err}");
+    let db = err.as_database_error().unwrap();
+    assert_eq!(
+        db.message(),
+        "insert or update on table \"child\" violates foreign key constraint \"child_pid_fkey\""
+    );
+    // A cascade through the parent's leaseholder, served for node 1: node 3's rows follow,
+    // and their own checks see the renamed parent.
+    exec(&mut east, "UPDATE parent SET id = 2 WHERE id = 100").await;
+    // A removed key still referenced: refused, from wherever it is removed.
+    let err = sqlx::query("DELETE FROM parent WHERE id = 1")
+        .execute(&mut east)
+        .await
+        .expect_err("pinned 10 references parent 1");
+    assert_eq!(code(&err), "23503", "{err}");
+    assert!(err.to_string().contains("on table \"pinned\""), "{err}");
+
+    // The check's lock is taken at the parent's leaseholder: a delete of the parent through
+    // another node waits for the referencing transaction, then sees its row.
+    let mut eu = connect(&nodes[2], "mr").await.unwrap();
+    exec(&mut east, "INSERT INTO parent VALUES (7, 'locked')").await;
+    exec(&mut eu, "BEGIN; INSERT INTO pinned VALUES (70, 7)").await;
+    let deleting = tokio::spawn({
+        let port = nodes[0].pg_port;
+        async move {
+            let mut c = try_connect_db(port, "mr").await;
+            sqlx::query("DELETE FROM parent WHERE id = 7")
+                .execute(&mut c)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !deleting.is_finished(),
+        "the delete waits for the referencing transaction's lock"
+    );
+    exec(&mut eu, "COMMIT").await;
+    let err = deleting
+        .await
+        .unwrap()
+        .expect_err("pinned 70 references parent 7");
+    assert_eq!(code(&err), "23503", "{err}");
+
+    // A cascading delete through node 1 removes node 3's rows.
+    exec(&mut east, "DELETE FROM parent WHERE id = 2").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: every row where it belongs", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let children = count_in(n, "SELECT count(*) FROM child").await;
+                let parents = count_in(n, "SELECT count(*) FROM parent").await;
+                let pinned = count_in(n, "SELECT count(*) FROM pinned").await;
+                (children == Some(1) && parents == Some(3) && pinned == Some(3)).then_some(())
+            },
+        )
+        .await;
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}

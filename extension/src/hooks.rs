@@ -230,6 +230,10 @@ unsafe extern "C-unwind" fn executor_run(
 #[allow(unsafe_code)]
 unsafe extern "C-unwind" fn executor_finish(query_desc: *mut pg_sys::QueryDesc) {
     crate::routing::executor_finishing();
+    if crate::routing::serving() {
+        // SAFETY: PostgreSQL passes the QueryDesc whose ExecutorFinish this is.
+        unsafe { crate::ri::shim_triggers(query_desc) };
+    }
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our argument. Called
     // without pgrx's guard, as C hooks call it: an ERROR in an AFTER trigger then reaches the
     // client with its CONTEXT, which pgrx's guard drops when it rethrows. The ERROR longjmps

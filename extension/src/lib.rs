@@ -15,6 +15,7 @@ mod region_filter;
 mod regions;
 mod replication;
 mod rewrite;
+mod ri;
 mod routing;
 mod sidecar;
 

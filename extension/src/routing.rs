@@ -207,6 +207,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     }
     if SERVING.with(Cell::get) > 0 {
         // SAFETY: as this function's contract.
+        if unsafe { defer_referential(qd, key) } {
+            return;
+        }
+        // SAFETY: as this function's contract.
         unsafe { replication::read_barrier(qd, eflags) };
         return;
     }
@@ -415,6 +419,78 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     }
 }
 
+/// While serving another node's statement: a foreign key trigger's query over rows leased
+/// elsewhere is left for the origin to run (`crate::ri`), READ COMMITTED only (a REPEATABLE
+/// READ transaction reads where it is pinned). The trigger meanwhile gets the rows that let it
+/// go on, as a forwarded statement's. Whether it was left.
+///
+/// # Safety
+/// `qd` is the QueryDesc PostgreSQL is about to start.
+#[allow(unsafe_code)]
+unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
+    let Some(call) = crate::ri::current() else {
+        return false;
+    };
+    // SAFETY: reads a backend global.
+    if unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
+        return false;
+    }
+    // SAFETY: as this function's contract.
+    let targets = unsafe { replication::statement_targets(qd) };
+    if targets.is_empty() {
+        return false;
+    }
+    let modifies = qd.operation != pg_sys::CmdType::CMD_SELECT;
+    // Splittable: the answer says where the rows are leased, without refusing anything.
+    let here = match sidecar::route(database(), targets, true, modifies, true, Vec::new()) {
+        Ok(r) => !r.enabled || (r.forward_to.is_none() && r.split.is_empty()),
+        Err(e) => e.raise(),
+    };
+    if here {
+        return false;
+    }
+    // SAFETY: the planned statement's range table is valid for the query's life; its first
+    // entry is the relation a referential query reads or changes.
+    let (statement, queried, width) = unsafe {
+        let ps = &*qd.plannedstmt;
+        let rte = pg_sys::list_nth(ps.rtable, 0) as *mut pg_sys::RangeTblEntry;
+        // The result's columns: the plan's target list without junk (row locks' ctids).
+        let tlist = if ps.planTree.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*ps.planTree).targetlist
+        };
+        let mut width = 0;
+        if !tlist.is_null() {
+            for i in 0..(*tlist).length {
+                let te = pg_sys::list_nth(tlist, i) as *mut pg_sys::TargetEntry;
+                if !te.is_null() && !(*te).resjunk {
+                    width += 1;
+                }
+            }
+        }
+        (statement_of(qd), (*rte).relid, width)
+    };
+    let Some(rows) = crate::ri::defer(call, &statement, queried, width) else {
+        return false;
+    };
+    FORWARDED.with(|f| {
+        f.borrow_mut().insert(
+            key,
+            Forwarded {
+                node: 0,
+                shares: Vec::new(),
+                may_move: false,
+                lock_timeout_ms: None,
+                rows: Some(rows),
+                next: 0,
+                processed: 0,
+            },
+        )
+    });
+    true
+}
+
 /// A statement cannot run on another node in a transaction whose schema changes are proposed
 /// only at its commit: that node would run it against the old schema.
 pub(crate) fn refuse_with_schema_change(node: u64) {
@@ -480,6 +556,7 @@ pub unsafe fn executor_run(
                 } else {
                     write_moved(moved, c.returning.as_ref()).or_raise()
                 };
+                crate::ri::run_pending();
                 if let Some(d) = deferred {
                     // SAFETY: the QueryDesc has run; its result descriptor is valid.
                     unsafe { d.finish(&rows) };
@@ -547,6 +624,8 @@ unsafe fn run_forwarded(
             processed += n;
             rows.extend(returned);
         }
+        // Foreign key queries the leaseholders left for this node run next.
+        crate::ri::run_pending();
         FORWARDED.with(|f| {
             if let Some(x) = f.borrow_mut().get_mut(&key) {
                 x.rows = Some(rows);
@@ -645,9 +724,15 @@ pub fn executor_finished() {
         && RUN_DEPTH.with(Cell::get) == 0
         && FORWARDING.with(Cell::get) == 0
         && SERVING.with(Cell::get) == 0
-        && crate::global_keys::any_pending()
     {
-        apply_key_changes().or_raise();
+        // Deferred foreign key queries may change keys, and key changes defer checks.
+        loop {
+            crate::ri::run_pending();
+            if !crate::global_keys::any_pending() {
+                break;
+            }
+            apply_key_changes().or_raise();
+        }
     }
 }
 
@@ -789,15 +874,10 @@ pub unsafe fn without_copy_freeze(pstmt: *mut pg_sys::PlannedStmt) -> *mut pg_sy
         {
             return pstmt;
         }
-        let relid = pg_sys::RangeVarGetRelidExtended(
-            copy.relation,
-            pg_sys::NoLock as pg_sys::LOCKMODE,
-            pg_sys::RVROption::RVR_MISSING_OK,
-            None,
-            std::ptr::null_mut(),
-        );
-        if relid == pg_sys::InvalidOid
-            || !replication::is_replicated_table(relid)
+        let Some(relid) = crate::regions::catalog::relid_of(copy.relation) else {
+            return pstmt;
+        };
+        if !replication::is_replicated_table(relid)
             || replication::range_of(relid).is_none_or(|r| crate::moved::leased_here(&r))
         {
             return pstmt;
@@ -1042,8 +1122,24 @@ fn send_step(
         // Recorded before sending: if the answer is lost, the abort still rolls it back.
         REMOTE.with(|r| r.borrow_mut().push(pin));
     }
-    let (rows, keys) = sidecar::forward(node, req)?;
+    let sent_commit = req.finish == Some(Finish::Commit);
+    let session = req.session.clone();
+    let (rows, keys, deferred) = sidecar::forward(node, req)?;
     crate::global_keys::returned(keys);
+    if sent_commit && !deferred.is_empty() {
+        // Its referential queries must run first: the part did not commit, and commits
+        // with this transaction.
+        REMOTE.with(|r| {
+            r.borrow_mut().push(RemoteTxn {
+                node,
+                session,
+                savepoints: open,
+                pending: Vec::new(),
+                keys_only,
+            })
+        });
+    }
+    crate::ri::returned(deferred);
     Ok(rows)
 }
 
@@ -1059,7 +1155,9 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
         lock_timeout_ms: None,
         partitions: Vec::new(),
     };
-    send(node, statement, false).map(drop)
+    send(node, statement, false)?;
+    crate::ri::run_pending();
+    Ok(())
 }
 
 /// Whether this backend is running a statement served for another node's transaction.
@@ -1566,6 +1664,7 @@ pub fn pre_prepare() {
 /// remote session also ends when this backend is gone).
 pub fn at_end(aborted: bool) {
     crate::global_keys::at_end();
+    crate::ri::reset();
     FINISH_DEPTH.with(|d| d.set(0));
     FORWARDING.with(|d| d.set(0));
     SUB_FINISH_DEPTH.with(|s| s.borrow_mut().clear());
@@ -1626,6 +1725,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                     FINISH_DEPTH.with(|d| d.set(depth));
                 }
                 crate::global_keys::sub_aborted(my);
+                crate::ri::sub_aborted();
             }
         }
         _ => {}
@@ -1638,13 +1738,14 @@ type RemoteExecRow = (
     Option<Vec<Option<String>>>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
 /// with a NULL `row` when it returns none), and on the first, as JSON, the rows it left for
-/// partitions leased elsewhere (`crate::moved`) and the changes it made to global keys
-/// (`crate::global_keys`). With `partitions`, an UPDATE or DELETE changes
+/// partitions leased elsewhere (`crate::moved`), the changes it made to global keys
+/// (`crate::global_keys`) and the referential queries it left for the origin (`crate::ri`). With `partitions`, an UPDATE or DELETE changes
 /// only rows of those partitions of its target (one share of a statement split over several
 /// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
 /// vouches for the role over the authenticated peer link.
@@ -1664,6 +1765,7 @@ fn remote_exec(
         name!(row, Option<Vec<Option<String>>>),
         name!(moved, Option<String>),
         name!(keys, Option<String>),
+        name!(deferred, Option<String>),
     ),
 > {
     struct AsUser(Option<(pg_sys::Oid, i32)>);
@@ -1687,23 +1789,28 @@ fn remote_exec(
         pg_sys::SetUserIdAndSecContext(roleid, cx | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         guard
     };
+    crate::ri::take_deferred();
     let (processed, rows, moved) =
         exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
     drop(guard);
     let keys = crate::global_keys::take();
+    let deferred = crate::ri::take_deferred();
     let processed = processed as i64;
     let mut out: Vec<RemoteExecRow> = rows
         .into_iter()
-        .map(|r| (processed, Some(r), None, None))
+        .map(|r| (processed, Some(r), None, None, None))
         .collect();
     if out.is_empty() {
-        out.push((processed, None, None, None));
+        out.push((processed, None, None, None, None));
     }
     if !moved.is_empty() {
         out[0].2 = serde_json::to_string(&moved).ok();
     }
     if !keys.is_empty() {
         out[0].3 = serde_json::to_string(&keys).ok();
+    }
+    if !deferred.is_empty() {
+        out[0].4 = serde_json::to_string(&deferred).ok();
     }
     TableIterator::new(out)
 }
@@ -1751,33 +1858,7 @@ fn exec_share(
     // SAFETY: SPI is connected and finished here, around one statement; the argument arrays
     // outlive the call; result tuples are read before SPI_finish frees them.
     unsafe {
-        let mut argtypes = Vec::with_capacity(types.len());
-        let mut values = Vec::with_capacity(types.len());
-        let mut nulls = Vec::with_capacity(types.len());
-        for (t, v) in types.iter().zip(vals) {
-            let tc = CString::new(t.as_str()).unwrap_or_default();
-            let (mut oid, mut typmod) = (pg_sys::InvalidOid, -1i32);
-            pg_sys::parseTypeString(tc.as_ptr(), &mut oid, &mut typmod, false);
-            argtypes.push(oid);
-            match v {
-                Some(text) => {
-                    let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
-                    pg_sys::getTypeInputInfo(oid, &mut func, &mut ioparam);
-                    let c = CString::new(text.as_str()).unwrap_or_default();
-                    values.push(pg_sys::OidInputFunctionCall(
-                        func,
-                        c.as_ptr() as *mut _,
-                        ioparam,
-                        typmod,
-                    ));
-                    nulls.push(b' ' as std::ffi::c_char);
-                }
-                None => {
-                    values.push(pg_sys::Datum::from(0));
-                    nulls.push(b'n' as std::ffi::c_char);
-                }
-            }
-        }
+        let (mut argtypes, mut values, nulls) = spi_args(types, vals);
         let sql_c = CString::new(sql).unwrap_or_default();
         // Exactly one SELECT, INSERT, UPDATE or DELETE (the forwarding node planned one).
         let parsed = pg_sys::raw_parser(sql_c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
@@ -1883,7 +1964,90 @@ fn exec_share(
     }
     let moved = collecting.map(|c| c.finish()).unwrap_or_default();
     drop(guard);
+    if gateway_region.is_none() {
+        // This node's own share: what its foreign keys left is this origin's to run.
+        crate::ri::returned(crate::ri::take_deferred());
+    }
     (processed, rows, moved)
+}
+
+/// SPI arguments from parameters as (type name, text value): types, datums and null flags.
+///
+/// # Safety
+/// In a transaction; the datums live in the current memory context.
+#[allow(unsafe_code)]
+unsafe fn spi_args(
+    types: &[String],
+    vals: &[Option<String>],
+) -> (Vec<pg_sys::Oid>, Vec<pg_sys::Datum>, Vec<std::ffi::c_char>) {
+    // SAFETY: as this function's contract; types are parsed and values read by their input
+    // functions as the parser would.
+    unsafe {
+        let mut argtypes = Vec::with_capacity(types.len());
+        let mut values = Vec::with_capacity(types.len());
+        let mut nulls = Vec::with_capacity(types.len());
+        for (t, v) in types.iter().zip(vals) {
+            let tc = CString::new(t.as_str()).unwrap_or_default();
+            let (mut oid, mut typmod) = (pg_sys::InvalidOid, -1i32);
+            pg_sys::parseTypeString(tc.as_ptr(), &mut oid, &mut typmod, false);
+            argtypes.push(oid);
+            match v {
+                Some(text) => {
+                    let (mut func, mut ioparam) = (pg_sys::InvalidOid, pg_sys::InvalidOid);
+                    pg_sys::getTypeInputInfo(oid, &mut func, &mut ioparam);
+                    let c = CString::new(text.as_str()).unwrap_or_default();
+                    values.push(pg_sys::OidInputFunctionCall(
+                        func,
+                        c.as_ptr() as *mut _,
+                        ioparam,
+                        typmod,
+                    ));
+                    nulls.push(b' ' as std::ffi::c_char);
+                }
+                None => {
+                    values.push(pg_sys::Datum::from(0));
+                    nulls.push(b'n' as std::ffi::c_char);
+                }
+            }
+        }
+        (argtypes, values, nulls)
+    }
+}
+
+/// Runs `sql` through SPI with parameters as (type name, text value) in this transaction,
+/// routed as any nested statement is; the rows it processed.
+#[allow(unsafe_code)]
+pub fn spi_run(sql: &str, types: &[String], vals: &[Option<String>]) -> u64 {
+    if types.len() != vals.len() {
+        MrError::BadArgument {
+            what: "parameter list",
+            value: format!("{} types, {} values", types.len(), vals.len()),
+            expected: "as many types as values",
+        }
+        .raise();
+    }
+    // SAFETY: SPI is connected and finished around one statement; the argument arrays
+    // outlive the call.
+    unsafe {
+        let (mut argtypes, mut values, nulls) = spi_args(types, vals);
+        let sql_c = CString::new(sql).unwrap_or_default();
+        pg_sys::SPI_connect();
+        let rc = pg_sys::SPI_execute_with_args(
+            sql_c.as_ptr(),
+            argtypes.len() as i32,
+            argtypes.as_mut_ptr(),
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            false,
+            0,
+        );
+        let processed = pg_sys::SPI_processed;
+        pg_sys::SPI_finish();
+        if rc < 0 {
+            MrError::Sidecar(format!("SPI_execute_with_args failed with code {rc}")).raise();
+        }
+        processed
+    }
 }
 
 /// The count a query over this node's copy returns (`$1`: `key`), read as the copy is: not

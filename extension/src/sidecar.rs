@@ -212,7 +212,14 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
 pub fn forward(
     node_id: u64,
     request: mr_wire::local::ForwardRequest,
-) -> Result<(ForwardedRows, Vec<mr_wire::local::KeyChanges>), MrError> {
+) -> Result<
+    (
+        ForwardedRows,
+        Vec<mr_wire::local::KeyChanges>,
+        Vec<mr_wire::local::DeferredStatement>,
+    ),
+    MrError,
+> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     let commits = request.finish == Some(mr_wire::local::Finish::Commit);
     let req = LocalRequest::Forward { node_id, request };
@@ -228,7 +235,8 @@ pub fn forward(
             rows,
             moved,
             keys,
-        } => Ok(((processed, rows, moved), keys)),
+            deferred,
+        } => Ok(((processed, rows, moved), keys, deferred)),
         other => Err(write_error("forward", other)),
     }
 }

@@ -93,6 +93,7 @@ impl Ranges {
                 rows: Vec::new(),
                 moved: Vec::new(),
                 keys: Vec::new(),
+                deferred: Vec::new(),
             };
         }
         let ends = req.finish.is_some();
@@ -129,12 +130,23 @@ impl Ranges {
                 reason: format!("node {node_id} stopped heartbeating"),
             }),
         };
-        if ends {
+        // A commit that came back with referential statements for the origin to run did not
+        // happen: the session stays a part of the transaction, kept alive from here.
+        let left_open = commits
+            && matches!(&result, Ok(PeerResponse::Exec { response })
+                if matches!(&**response, LocalResponse::Forwarded { deferred, .. } if !deferred.is_empty()));
+        if ends && !left_open {
             self.sessions
                 .origin
                 .lock()
                 .expect("sessions lock")
                 .remove(&session);
+        } else if left_open {
+            self.sessions
+                .origin
+                .lock()
+                .expect("sessions lock")
+                .insert(session.clone(), (node_id, pid));
         }
         match result {
             Ok(PeerResponse::Exec { response }) => *response,
@@ -230,6 +242,7 @@ impl Ranges {
                     rows: Vec::new(),
                     moved: Vec::new(),
                     keys: Vec::new(),
+                    deferred: Vec::new(),
                 }
             }
             (None, None) => {
@@ -264,7 +277,10 @@ impl Ranges {
             // A step failed before the finish ran: the transaction is still open there.
             broken |= sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err();
         }
-        if req.finish.is_some() || broken {
+        // Referential statements left for the origin: the commit waits for them.
+        let left_open = matches!(&outcome, Ok(Outcome::Rows(r)) if !r.4.is_empty())
+            && req.finish == Some(Finish::Commit);
+        if (req.finish.is_some() && !left_open) || broken {
             self.sessions
                 .remote
                 .lock()
@@ -282,12 +298,15 @@ impl Ranges {
             }
         }
         match outcome {
-            Ok(Outcome::Rows((processed, rows, moved, keys))) => LocalResponse::Forwarded {
-                processed,
-                rows,
-                moved,
-                keys,
-            },
+            Ok(Outcome::Rows((processed, rows, moved, keys, deferred))) => {
+                LocalResponse::Forwarded {
+                    processed,
+                    rows,
+                    moved,
+                    keys,
+                    deferred,
+                }
+            }
             // A part that wrote and locked nothing committed instead of preparing.
             Ok(Outcome::CommittedReadOnly) => LocalResponse::Done,
             Err(Step::Sql(e)) | Err(Step::Broken(e)) => LocalResponse::SqlError(e),
@@ -516,15 +535,24 @@ enum Outcome {
 
 /// A row as text, as `remote_exec` returns it.
 type TextRow = Vec<Option<String>>;
-/// A row of `remote_exec`: rows processed, a row, moved rows and key changes as JSON.
-type ExecRow = (i64, Option<TextRow>, Option<String>, Option<String>);
-/// Rows processed, the rows returned, rows left for other partitions' leaseholders, and
-/// changes to global keys left for the key tables' leaseholders.
+/// A row of `remote_exec`: rows processed, a row, and as JSON moved rows, key changes and
+/// deferred referential statements.
+type ExecRow = (
+    i64,
+    Option<TextRow>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+/// Rows processed, the rows returned, rows left for other partitions' leaseholders, changes
+/// to global keys left for the key tables' leaseholders, and referential statements left for
+/// the origin.
 type Rows = (
     u64,
     Vec<TextRow>,
     Vec<mr_wire::local::MovedRows>,
     Vec<mr_wire::local::KeyChanges>,
+    Vec<mr_wire::local::DeferredStatement>,
 );
 
 async fn run_steps(
@@ -545,7 +573,7 @@ async fn run_steps(
             remote.failed.store(false, Ordering::SeqCst);
         }
     }
-    let mut out: Rows = (0, Vec::new(), Vec::new(), Vec::new());
+    let mut out: Rows = (0, Vec::new(), Vec::new(), Vec::new(), Vec::new());
     if let Some(st) = &req.statement {
         if let Some(ms) = st.lock_timeout_ms {
             let set = sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
@@ -558,7 +586,7 @@ async fn run_steps(
         }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
-            "SELECT processed, \"row\", moved, keys FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
+            "SELECT processed, \"row\", moved, keys, deferred FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
         .bind(remote.role.clone())
         .bind(remote.gateway_region.clone())
@@ -573,11 +601,17 @@ async fn run_steps(
             Err(e) => return Err(failed(remote, e)),
         };
         for r in rows {
-            let decoded: Result<ExecRow, _> = r
-                .try_get(0)
-                .and_then(|p| Ok((p, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)));
+            let decoded: Result<ExecRow, _> = r.try_get(0).and_then(|p| {
+                Ok((
+                    p,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                    r.try_get(4)?,
+                ))
+            });
             match decoded {
-                Ok((processed, row, moved, keys)) => {
+                Ok((processed, row, moved, keys, deferred)) => {
                     out.0 = processed.max(0) as u64;
                     out.1.extend(row);
                     if let Some(m) = moved {
@@ -587,6 +621,10 @@ async fn run_steps(
                     if let Some(k) = keys {
                         out.3
                             .extend(unreadable("key changes", serde_json::from_str(&k))?);
+                    }
+                    if let Some(d) = deferred {
+                        out.4
+                            .extend(unreadable("deferred statements", serde_json::from_str(&d))?);
                     }
                 }
                 Err(e) => return Err(Step::Broken(sql_error(&e))),
@@ -605,6 +643,8 @@ async fn run_steps(
         }));
     }
     match &req.finish {
+        // Referential statements the origin must run first: the commit is its to send.
+        Some(Finish::Commit) if !out.4.is_empty() => {}
         Some(Finish::Commit) => {
             // COMMIT of a failed transaction rolls back without an error: refuse it here.
             if remote.failed.load(Ordering::SeqCst) {

@@ -375,6 +375,33 @@ pub struct ForwardStatement {
     pub partitions: Vec<String>,
 }
 
+/// A statement a foreign key's trigger ran while serving another node's statement, over rows
+/// leased elsewhere: not run there (that node cannot see the transaction's changes on other
+/// nodes, nor lock rows it does not lease), but returned for the origin to run in the same
+/// transaction, where its routing reaches every part (ARCHITECTURE.md §9, "Foreign keys").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeferredStatement {
+    /// The trigger's query (a referential check, or a cascade's UPDATE or DELETE).
+    pub sql: String,
+    /// Its parameters as (type name, text value).
+    pub params: Vec<(String, Option<String>)>,
+    /// The role it ran as (a table owner: PostgreSQL runs referential queries so).
+    pub role: String,
+    /// A check: the violation to report unless the query finds rows as expected.
+    #[serde(default)]
+    pub check: Option<DeferredCheck>,
+}
+
+/// What a deferred referential check expects, and the error PostgreSQL would raise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeferredCheck {
+    /// The referenced row must exist (a check of new referencing rows); else it must not be
+    /// referenced any more (NO ACTION or RESTRICT of a removed key).
+    pub exists: bool,
+    pub message: String,
+    pub detail: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Finish {
@@ -616,6 +643,11 @@ pub enum LocalResponse {
         /// tables' leaseholders in the same transaction.
         #[serde(default)]
         keys: Vec<KeyChanges>,
+        /// Referential statements over rows leased elsewhere, for the origin to run next in
+        /// the same transaction. A step sent to commit at once that returns some did not
+        /// commit: its session stays open, as a part of the origin's transaction.
+        #[serde(default)]
+        deferred: Vec<DeferredStatement>,
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),

@@ -235,3 +235,22 @@ fn invalidate(relid: Oid) {
         unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) }
     }
 }
+
+/// The relation a RangeVar names, without locking it; `None` when there is none.
+///
+/// # Safety
+/// `rv` is a valid RangeVar, in a transaction.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn relid_of(rv: *mut pg_sys::RangeVar) -> Option<pg_sys::Oid> {
+    // SAFETY: as this function's contract; a missing relation is InvalidOid, not an error.
+    let oid = unsafe {
+        pg_sys::RangeVarGetRelidExtended(
+            rv,
+            pg_sys::NoLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}

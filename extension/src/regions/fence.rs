@@ -75,16 +75,7 @@ unsafe fn reshaped_relations(pstmt: &pg_sys::PlannedStmt) -> Vec<pg_sys::Oid> {
         };
         vars.into_iter()
             .filter(|rv| !rv.is_null())
-            .map(|rv| {
-                pg_sys::RangeVarGetRelidExtended(
-                    rv,
-                    pg_sys::NoLock as pg_sys::LOCKMODE,
-                    pg_sys::RVROption::RVR_MISSING_OK,
-                    None,
-                    std::ptr::null_mut(),
-                )
-            })
-            .filter(|oid| *oid != pg_sys::InvalidOid)
+            .filter_map(|rv| catalog::relid_of(rv))
             .collect()
     }
 }
@@ -122,16 +113,7 @@ pub(crate) unsafe fn before_truncate(
     let relids: Vec<pg_sys::Oid> = unsafe {
         let stmt = &*(node as *mut pg_sys::TruncateStmt);
         super::replicate::list_ptrs(stmt.relations)
-            .map(|rv| {
-                pg_sys::RangeVarGetRelidExtended(
-                    rv as *mut pg_sys::RangeVar,
-                    pg_sys::NoLock as pg_sys::LOCKMODE,
-                    pg_sys::RVROption::RVR_MISSING_OK,
-                    None,
-                    std::ptr::null_mut(),
-                )
-            })
-            .filter(|oid| *oid != pg_sys::InvalidOid)
+            .filter_map(|rv| catalog::relid_of(rv as *mut pg_sys::RangeVar))
             .collect()
     };
     let database = catalog::database_name();

@@ -1,0 +1,463 @@
+//! Foreign keys across leaseholders (ARCHITECTURE.md §9, "Foreign keys").
+//!
+//! A statement served for another node's transaction fires its foreign keys' triggers where it
+//! runs. When such a trigger's query reads or writes rows leased on yet another node, running
+//! it here would be wrong twice over: this node's copy lacks the transaction's uncommitted
+//! changes elsewhere (the parent it inserted a statement ago), and a row lock taken here does
+//! not hold off a writer at the leaseholder. Nor can this node send the query there itself: it
+//! may be the origin's own rows, in a backend that is waiting for this statement. So under READ
+//! COMMITTED the query is not run here but returned to the origin, which runs it right after
+//! the statement in the same transaction, with ordinary routing: at the leaseholders, in the
+//! transaction's sessions there, where it sees the transaction's changes and takes its locks.
+//! Meanwhile the trigger here gets the answer that lets it go on (the referenced row found, no
+//! referencing row, nothing cascaded), and the origin raises PostgreSQL's own error if the real
+//! answer differs.
+//!
+//! Which constraint and relation a query comes from is known from the trigger that runs it:
+//! while serving, the referential triggers run through [`ri_trigger`], a shim that notes the
+//! trigger's constraint and relation around the call ([`shim_triggers`]).
+
+use crate::error::MrError;
+use mr_wire::local::{DeferredCheck, DeferredStatement, ForwardStatement};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString};
+
+/// What a referential trigger does with the rows its query finds.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RiKind {
+    /// Checks that new referencing rows' keys exist (`RI_FKey_check_ins`/`_upd`).
+    Check,
+    /// Refuses to remove a key that is still referenced (NO ACTION, RESTRICT).
+    Restrict,
+    /// Cascades, or sets the referencing columns to NULL or their defaults.
+    Action,
+}
+
+/// The referential trigger running now.
+#[derive(Clone, Copy, Debug)]
+pub struct RiCall {
+    pub kind: RiKind,
+    /// Its constraint (`pg_constraint` oid).
+    constraint: pg_sys::Oid,
+    /// The relation it fires on (the referencing one for a check, else the referenced one).
+    relation: pg_sys::Oid,
+}
+
+thread_local! {
+    /// Referential triggers in progress, innermost last.
+    static CALLS: RefCell<Vec<RiCall>> = const { RefCell::new(Vec::new()) };
+    /// Queries deferred while serving a statement, returned with its rows.
+    static DEFERRED: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
+    /// Queries other nodes returned, for this origin to run next.
+    static PENDING: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A builtin function as pgrx binds it (its wrapper turns an ERROR inside into an unwind).
+type TriggerFn = unsafe fn(pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+
+/// The referential trigger function with oid `oid`: what it does, and its C entry point.
+fn ri_function(oid: pg_sys::Oid) -> Option<(RiKind, TriggerFn)> {
+    use RiKind::*;
+    let f: (RiKind, TriggerFn) = match oid.to_u32() {
+        pg_sys::F_RI_FKEY_CHECK_INS => (Check, pg_sys::RI_FKey_check_ins),
+        pg_sys::F_RI_FKEY_CHECK_UPD => (Check, pg_sys::RI_FKey_check_upd),
+        pg_sys::F_RI_FKEY_NOACTION_DEL => (Restrict, pg_sys::RI_FKey_noaction_del),
+        pg_sys::F_RI_FKEY_NOACTION_UPD => (Restrict, pg_sys::RI_FKey_noaction_upd),
+        pg_sys::F_RI_FKEY_RESTRICT_DEL => (Restrict, pg_sys::RI_FKey_restrict_del),
+        pg_sys::F_RI_FKEY_RESTRICT_UPD => (Restrict, pg_sys::RI_FKey_restrict_upd),
+        pg_sys::F_RI_FKEY_CASCADE_DEL => (Action, pg_sys::RI_FKey_cascade_del),
+        pg_sys::F_RI_FKEY_CASCADE_UPD => (Action, pg_sys::RI_FKey_cascade_upd),
+        pg_sys::F_RI_FKEY_SETNULL_DEL => (Action, pg_sys::RI_FKey_setnull_del),
+        pg_sys::F_RI_FKEY_SETNULL_UPD => (Action, pg_sys::RI_FKey_setnull_upd),
+        pg_sys::F_RI_FKEY_SETDEFAULT_DEL => (Action, pg_sys::RI_FKey_setdefault_del),
+        pg_sys::F_RI_FKEY_SETDEFAULT_UPD => (Action, pg_sys::RI_FKey_setdefault_upd),
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// Before a statement served for another node fires its AFTER triggers (in its
+/// ExecutorFinish): its referential triggers are set to run through [`ri_trigger`].
+///
+/// Their function lookups are cached in the result relations' `ri_TrigFunctions`, filled on
+/// first use; builtins, as these are, never pass through the function manager's hooks. So
+/// the cache entries are filled here, as PostgreSQL would fill them, with the entry point
+/// then pointed at the shim.
+///
+/// # Safety
+/// `qd` is a started QueryDesc whose ExecutorFinish is about to run.
+#[allow(unsafe_code)]
+pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
+    // SAFETY: as this function's contract: the estate's lists hold ResultRelInfos whose
+    // trigger arrays (ri_TrigFunctions parallel to ri_TrigDesc's triggers) are valid for the
+    // query's life; fmgr_info_cxt fills an entry exactly as ExecCallTriggerFunc would.
+    unsafe {
+        if qd.is_null() || (*qd).estate.is_null() {
+            return;
+        }
+        let estate = (*qd).estate;
+        // AFTER triggers fire through ExecGetTriggerResultRel(…, NULL): a partition's own
+        // result relation, made with its table's as root, is not the one they find, but one
+        // made for them on first use. Made now, it is patched with the others.
+        let mut partitions = Vec::new();
+        for list in [
+            (*estate).es_opened_result_relations,
+            (*estate).es_tuple_routing_result_relations,
+        ] {
+            if list.is_null() {
+                continue;
+            }
+            for i in 0..(*list).length {
+                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
+                if !rri.is_null()
+                    && !(*rri).ri_RootResultRelInfo.is_null()
+                    && !(*rri).ri_TrigDesc.is_null()
+                {
+                    partitions.push((*(*rri).ri_RelationDesc).rd_id);
+                }
+            }
+        }
+        for relid in partitions {
+            pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
+        }
+        let estate = &*estate;
+        for list in [
+            estate.es_opened_result_relations,
+            estate.es_tuple_routing_result_relations,
+            estate.es_trig_target_relations,
+        ] {
+            if list.is_null() {
+                continue;
+            }
+            for i in 0..(*list).length {
+                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
+                if rri.is_null()
+                    || (*rri).ri_TrigDesc.is_null()
+                    || (*rri).ri_TrigFunctions.is_null()
+                {
+                    continue;
+                }
+                let td = &*(*rri).ri_TrigDesc;
+                for t in 0..td.numtriggers.max(0) as usize {
+                    let trigger = &*td.triggers.add(t);
+                    let finfo = (*rri).ri_TrigFunctions.add(t);
+                    if ri_function(trigger.tgfoid).is_some() {
+                        pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, estate.es_query_cxt);
+                        (*finfo).fn_addr = Some(ri_trigger);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A referential trigger function, called with its constraint and relation noted.
+#[pg_guard]
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            CALLS.with(|c| c.borrow_mut().pop());
+        }
+    }
+    // SAFETY: PostgreSQL calls a trigger function with its FmgrInfo and, as context, the
+    // TriggerData (checked by tag) whose trigger and relation are valid for the call.
+    let (f, call) = unsafe {
+        let oid = (*(*fcinfo).flinfo).fn_oid;
+        let Some((kind, f)) = ri_function(oid) else {
+            MrError::Sidecar(format!(
+                "function {} is not a referential trigger",
+                oid.to_u32()
+            ))
+            .raise();
+        };
+        let td = (*fcinfo).context as *mut pg_sys::TriggerData;
+        let call = (!td.is_null()
+            && (*td).type_ == pg_sys::NodeTag::T_TriggerData
+            && !(*td).tg_trigger.is_null()
+            && !(*td).tg_relation.is_null())
+        .then(|| RiCall {
+            kind,
+            constraint: (*(*td).tg_trigger).tgconstraint,
+            relation: (*(*td).tg_relation).rd_id,
+        });
+        (f, call)
+    };
+    let _pop = call.map(|c| {
+        CALLS.with(|s| s.borrow_mut().push(c));
+        Pop
+    });
+    // SAFETY: the function PostgreSQL meant to call, with its arguments; an ERROR inside it
+    // unwinds through this frame (popping the note) instead of jumping over it.
+    unsafe { f(fcinfo) }
+}
+
+/// The referential trigger whose query is starting, if one is.
+pub fn current() -> Option<RiCall> {
+    CALLS.with(|c| c.borrow().last().copied())
+}
+
+/// Defers `statement`, a query of referential trigger `call` over rows leased elsewhere, to
+/// the origin; returns the rows the trigger gets here meanwhile (as text, `width` columns),
+/// or `None` for a query that is neither the trigger's check nor its action and so is run
+/// here (a NO ACTION trigger's look for another row with the removed key: with keys unique
+/// across the cluster, finding none here only makes it check the referencing rows too).
+#[allow(unsafe_code)]
+pub fn defer(
+    call: RiCall,
+    statement: &ForwardStatement,
+    queried: pg_sys::Oid,
+    width: usize,
+) -> Option<Vec<Vec<Option<String>>>> {
+    // SAFETY: reads the current user, valid in a transaction.
+    let role = unsafe {
+        let p = pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true);
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    let values: Vec<String> = statement
+        .params
+        .iter()
+        .map(|(_, v)| v.clone().unwrap_or_else(|| "null".into()))
+        .collect();
+    let (check, rows) = match call.kind {
+        RiKind::Action => (None, Vec::new()),
+        RiKind::Check => (
+            Some(violation(call, true, queried, &values)),
+            vec![vec![Some("1".to_string()); width]],
+        ),
+        // ri_restrict compares parameters to the referencing columns (`$1 = "col"`);
+        // ri_Check_Pk_Match, the referenced columns to parameters.
+        RiKind::Restrict if statement.sql.contains(" x WHERE $") => {
+            (Some(violation(call, false, queried, &values)), Vec::new())
+        }
+        RiKind::Restrict => return None,
+    };
+    DEFERRED.with(|d| {
+        d.borrow_mut().push(DeferredStatement {
+            sql: statement.sql.clone(),
+            params: statement.params.clone(),
+            role,
+            check,
+        })
+    });
+    Some(rows)
+}
+
+/// PostgreSQL's error for a failed check of `call` (`ri_ReportViolation`): a referencing key
+/// that is not present (`exists`), or a removed key still referenced (`queried`: the
+/// referencing table its query reads); `values` are the key's.
+#[allow(unsafe_code)]
+fn violation(call: RiCall, exists: bool, queried: pg_sys::Oid, values: &[String]) -> DeferredCheck {
+    // SAFETY: catalog lookups by oid, in a transaction; a relation is opened only to read its
+    // foreign key list (it is locked: its trigger is running) and closed again.
+    let (conname, fk) = unsafe {
+        let name = pg_sys::get_constraint_name(call.constraint);
+        let conname = if name.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(name).to_string_lossy().into_owned()
+        };
+        // A check fires on the referencing table; a removed key's query reads it.
+        let fk = foreign_key(
+            if exists { call.relation } else { queried },
+            call.constraint,
+        );
+        (conname, fk)
+    };
+    let Some(fk) = fk else {
+        return DeferredCheck {
+            exists,
+            message: format!("foreign key constraint \"{conname}\" is violated"),
+            detail: None,
+        };
+    };
+    // A check names the referencing columns, a removed key the referenced ones.
+    let (rel, cols) = if exists {
+        (fk.conrelid, &fk.conkey)
+    } else {
+        (fk.confrelid, &fk.confkey)
+    };
+    let names: Vec<String> = cols.iter().map(|&a| attname(rel, a)).collect();
+    let key = format!("Key ({})=({})", names.join(", "), values.join(", "));
+    if exists {
+        DeferredCheck {
+            exists,
+            message: format!(
+                "insert or update on table \"{}\" violates foreign key constraint \"{conname}\"",
+                relname(call.relation)
+            ),
+            detail: Some(format!(
+                "{key} is not present in table \"{}\".",
+                relname(fk.confrelid)
+            )),
+        }
+    } else {
+        DeferredCheck {
+            exists,
+            message: format!(
+                "update or delete on table \"{}\" violates foreign key constraint \"{conname}\" on table \"{}\"",
+                relname(call.relation),
+                relname(fk.conrelid)
+            ),
+            detail: Some(format!(
+                "{key} is still referenced from table \"{}\".",
+                relname(fk.conrelid)
+            )),
+        }
+    }
+}
+
+/// A foreign key as the relcache lists it.
+struct ForeignKey {
+    conrelid: pg_sys::Oid,
+    confrelid: pg_sys::Oid,
+    conkey: Vec<i16>,
+    confkey: Vec<i16>,
+}
+
+/// Constraint `conoid` among the foreign keys of relation `relid`.
+#[allow(unsafe_code)]
+unsafe fn foreign_key(relid: pg_sys::Oid, conoid: pg_sys::Oid) -> Option<ForeignKey> {
+    // SAFETY: as the caller's; the relcache's foreign key list is read before the relation
+    // is closed.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return None;
+        }
+        let list = pg_sys::RelationGetFKeyList(rel);
+        let mut found = None;
+        if !list.is_null() {
+            for i in 0..(*list).length {
+                let info = pg_sys::list_nth(list, i) as *const pg_sys::ForeignKeyCacheInfo;
+                if !info.is_null() && (*info).conoid == conoid {
+                    let info = &*info;
+                    let n = (info.nkeys.max(0) as usize).min(32);
+                    found = Some(ForeignKey {
+                        conrelid: info.conrelid,
+                        confrelid: info.confrelid,
+                        conkey: info.conkey[..n].to_vec(),
+                        confkey: info.confkey[..n].to_vec(),
+                    });
+                    break;
+                }
+            }
+        }
+        pg_sys::RelationClose(rel);
+        found
+    }
+}
+
+#[allow(unsafe_code)]
+fn relname(relid: pg_sys::Oid) -> String {
+    // SAFETY: a catalog lookup by oid; NULL when the relation is gone.
+    unsafe {
+        let p = pg_sys::get_rel_name(relid);
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn attname(relid: pg_sys::Oid, attnum: i16) -> String {
+    // SAFETY: a catalog lookup; NULL (missing_ok) when the column is gone.
+    unsafe {
+        let p = pg_sys::get_attname(relid, attnum, true);
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    }
+}
+
+/// The queries deferred while serving the statement just run, to return with its rows.
+pub fn take_deferred() -> Vec<DeferredStatement> {
+    DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()))
+}
+
+/// Queries another node returned for this origin to run.
+pub fn returned(deferred: Vec<DeferredStatement>) {
+    if !deferred.is_empty() {
+        PENDING.with(|p| p.borrow_mut().extend(deferred));
+    }
+}
+
+/// Runs the queries other nodes returned, in order, in this transaction: each is routed as
+/// any statement is (so it runs where its rows are leased, in the transaction's session
+/// there), as the role the trigger ran as; a check that finds otherwise than it expects
+/// raises the trigger's error. Queries they return in turn run before the next.
+#[allow(unsafe_code)]
+pub fn run_pending() {
+    loop {
+        let Some(d) = PENDING.with(|p| {
+            let mut p = p.borrow_mut();
+            (!p.is_empty()).then(|| p.remove(0))
+        }) else {
+            return;
+        };
+        let found = run_as(&d);
+        if let Some(check) = d.check {
+            if check.exists != (found > 0) {
+                MrError::Remote(mr_wire::local::SqlError {
+                    code: "23503".into(),
+                    message: check.message,
+                    detail: check.detail,
+                    hint: None,
+                })
+                .raise();
+            }
+        }
+    }
+}
+
+/// Runs `d` through SPI as its role; the rows it found or changed.
+#[allow(unsafe_code)]
+fn run_as(d: &DeferredStatement) -> u64 {
+    struct AsUser(pg_sys::Oid, i32);
+    impl Drop for AsUser {
+        #[allow(unsafe_code)]
+        fn drop(&mut self) {
+            // SAFETY: restores the user id saved below (abort restores it too).
+            unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) };
+        }
+    }
+    // SAFETY: the user id is switched as ri_PerformCheck does for its queries, and restored.
+    let _as_user = unsafe {
+        let (mut uid, mut cx) = (pg_sys::InvalidOid, 0i32);
+        pg_sys::GetUserIdAndSecContext(&mut uid, &mut cx);
+        let role = CString::new(d.role.as_str()).unwrap_or_default();
+        let roleid = pg_sys::get_role_oid(role.as_ptr(), true);
+        if roleid != pg_sys::InvalidOid {
+            pg_sys::SetUserIdAndSecContext(
+                roleid,
+                cx | (pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_NOFORCE_RLS) as i32,
+            );
+        }
+        AsUser(uid, cx)
+    };
+    let (types, vals): (Vec<String>, Vec<Option<String>>) = d.params.iter().cloned().unzip();
+    crate::routing::spi_run(&d.sql, &types, &vals)
+}
+
+/// A statement failed (its subtransaction aborted): what it deferred goes with it.
+pub fn sub_aborted() {
+    DEFERRED.with(|d| d.borrow_mut().clear());
+    PENDING.with(|p| p.borrow_mut().clear());
+}
+
+/// Transaction end.
+pub fn reset() {
+    CALLS.with(|c| c.borrow_mut().clear());
+    sub_aborted();
+}
