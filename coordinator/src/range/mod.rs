@@ -95,11 +95,11 @@ fn range_for<'a>(
     }
 }
 
-/// Whether the meta state has row replication on.
+/// Whether the meta state has row replication on: it is unless turned off.
 pub fn replication_on(s: &mr_meta::MetaState) -> bool {
-    matches!(
+    !matches!(
         s.cluster_setting(REPLICATION_SETTING),
-        Some("true" | "on" | "1")
+        Some("false" | "off" | "0")
     )
 }
 
