@@ -1,12 +1,15 @@
-//! Injected crashes for the cluster tests: `PGMR_FAILPOINT=<name>` in pgmr's environment makes
-//! the process abort when it reaches the point of that name, exactly where a machine could
-//! fail (CockroachDB's testing knobs play this part). Unset, a point costs one comparison.
+//! Injected crashes and stalls for the cluster tests: `PGMR_FAILPOINT=<name>` in pgmr's
+//! environment makes the process abort (or, at a pause point, wait) when it reaches the point
+//! of that name, exactly where a machine could fail or stall (CockroachDB's testing knobs play
+//! this part). Unset, a point costs one comparison.
 
 use std::sync::OnceLock;
 
 /// The points, where they are.
 pub const BEFORE_DECIDE: &str = "2pc-before-decide";
 pub const AFTER_DECIDE: &str = "2pc-after-decide";
+/// A coordinator slow to decide (a pause, not a crash): every part has prepared.
+pub const SLOW_DECIDE: &str = "2pc-slow-decide";
 /// A replica installing a snapshot: its rows are in PostgreSQL, Raft's storage does not know.
 pub const SNAPSHOT_AFTER_ROWS: &str = "snapshot-after-rows";
 /// A replica installing a snapshot: recorded as applied, not yet kept as its latest snapshot
@@ -22,6 +25,14 @@ fn armed() -> Option<&'static str> {
                 .filter(|v| !v.is_empty())
         })
         .as_deref()
+}
+
+/// Waits `for_` here if `name` is armed; the process goes on serving meanwhile.
+pub async fn pause(name: &str, for_: std::time::Duration) {
+    if armed() == Some(name) {
+        tracing::warn!(failpoint = name, ?for_, "failpoint reached: pausing");
+        tokio::time::sleep(for_).await;
+    }
 }
 
 /// Aborts the process here if `name` is armed.

@@ -1382,6 +1382,10 @@ impl Handler for Node {
                 }
                 None => Box::pin(async move { not_ready() }),
             },
+            PeerRequest::TxnCoordinating { gid } => {
+                let coordinating = self.ranges.get().is_some_and(|r| r.coordinating(&gid));
+                Box::pin(async move { PeerResponse::TxnCoordinating { coordinating } })
+            }
             PeerRequest::ExecKeepalive { sessions } => {
                 if let (Some(r), Some(origin)) = (self.ranges.get(), peer.node_id) {
                     r.keepalive(origin, &sessions);

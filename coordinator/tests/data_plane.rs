@@ -2865,3 +2865,41 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }
+
+/// A coordinator slow to decide is waited for, not overruled: with every part of a transfer
+/// between two regions prepared, node 1's pgmr pauses 30 s before deciding
+/// (`PGMR_FAILPOINT=2pc-slow-decide`), longer than the 20 s after which the participant's
+/// sweep resolves a prepared transaction. The participant asks every live node whether it
+/// still coordinates the transaction, node 1 says so, and the transfer commits. Before, the
+/// sweep decided abort at 20 s and the client got "decided aborted while it prepared" (a
+/// loaded CI run hit the same with prepares slowed by load).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_coordinator_is_waited_for_not_overruled() {
+    let dir = scratch("data-2pc-slow");
+    let mut nodes = start_cluster(dir.path(), 60, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 1;
+    regional_bank(&nodes, PER).await;
+    nodes[0].crash();
+    nodes[0].restart_with_env(&[("PGMR_FAILPOINT", "2pc-slow-decide")]);
+    let mut c = eventually("node 1 back", Duration::from_secs(90), || async {
+        let mut c = connect(&nodes[0], "mr").await?;
+        sqlx::raw_sql(&transfer_sql(1, PER, 0, 0))
+            .execute(&mut c)
+            .await
+            .ok()?;
+        Some(c)
+    })
+    .await;
+    sqlx::raw_sql(&format!(
+        "BEGIN; {}; {}; COMMIT",
+        transfer_sql(1, PER, -10, 1),
+        transfer_sql(2, PER, 10, 1)
+    ))
+    .execute(&mut c)
+    .await
+    .expect("the transfer commits once its slow coordinator decides");
+    no_prepared_transactions(&nodes).await;
+    let b = balances_converged(&nodes).await;
+    assert_eq!((b[0].2, b[1].2), (990, 1010), "{b:?}");
+    check_consistency(&nodes[2]);
+}

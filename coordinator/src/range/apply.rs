@@ -36,7 +36,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const BATCH: u64 = 256;
 const BATCH_BYTES: usize = 8 << 20;
 /// A prepared entry's decision is asked of the anchor after this long, and decided abort
-/// after [`ABORT_AFTER`] (the coordinator decides within seconds, or not at all).
+/// after [`ABORT_AFTER`] if no node is still coordinating it (the coordinator decides within
+/// seconds, or has gone).
 const ASK_AFTER: Duration = Duration::from_secs(1);
 const ABORT_AFTER: Duration = super::twophase::SWEEP_AFTER;
 
@@ -240,7 +241,11 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
         if waited >= ASK_AFTER && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
             asked = Some(Instant::now());
             if let Some(r) = ctx.ranges.upgrade() {
-                let propose = (waited >= ABORT_AFTER).then_some(false);
+                // A coordinator still at work (slow prepares) is waited for, not overruled.
+                let propose = (waited >= ABORT_AFTER
+                    && (waited >= super::twophase::COORDINATOR_LIMIT
+                        || !r.coordinator_alive(gid).await))
+                    .then_some(false);
                 if let Ok(Some(d)) = r.decide(anchor, gid, propose).await {
                     return Ok(d);
                 }

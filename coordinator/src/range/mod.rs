@@ -272,6 +272,8 @@ pub struct Ranges {
     pg: Arc<PgState>,
     /// Forwarded transactions, both ways ([`forward`]).
     sessions: forward::Sessions,
+    /// Two-phase commits this node is coordinating now, by gid ([`twophase`]).
+    coordinating: Mutex<BTreeSet<String>>,
 }
 
 /// The ranges a set of targets maps to.
@@ -398,6 +400,7 @@ impl Ranges {
             pg_cfg,
             pg,
             sessions: forward::Sessions::default(),
+            coordinating: Mutex::new(BTreeSet::new()),
         }))
     }
 

@@ -6,7 +6,9 @@
 //! proposes commit once every participant has prepared; anyone may propose abort for a
 //! transaction whose coordinator went silent (a participant's applier waiting on its
 //! `Prepare` entry, or the sweep of prepared PostgreSQL transactions), and the log orders the
-//! two. So a transaction is decided exactly once, durably (a quorum of the anchor's voters
+//! two. Silent means no node says it is still coordinating the transaction: a coordinator
+//! whose prepares are slow (a large transaction on a loaded machine) is waited for, up to
+//! [`COORDINATOR_LIMIT`]. So a transaction is decided exactly once, durably (a quorum of the anchor's voters
 //! holds the decision), and no participant waits on a dead coordinator for long.
 //!
 //! Participants are (a) the coordinating backend itself, whose changes to ranges this node
@@ -32,6 +34,32 @@ pub const SWEEP_AFTER: Duration = Duration::from_secs(20);
 /// How long the commit phase waits for a participant before leaving it to the applier and
 /// the sweep there.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// A transaction undecided this long is decided abort even while a node says it is still
+/// coordinating it (a coordinator stuck that long holds its participants' locks no longer).
+pub const COORDINATOR_LIMIT: Duration = Duration::from_secs(600);
+
+/// Marks a two-phase commit as coordinated here for as long as it lives.
+struct Coordinating<'a>(&'a Ranges, String);
+
+impl<'a> Coordinating<'a> {
+    fn new(r: &'a Ranges, gid: &str) -> Self {
+        r.coordinating
+            .lock()
+            .expect("coordinating lock")
+            .insert(gid.to_string());
+        Coordinating(r, gid.to_string())
+    }
+}
+
+impl Drop for Coordinating<'_> {
+    fn drop(&mut self) {
+        self.0
+            .coordinating
+            .lock()
+            .expect("coordinating lock")
+            .remove(&self.1);
+    }
+}
 
 impl Ranges {
     /// Writes `groups`' entries as `Prepare` entries (in parallel) and, when coordinating
@@ -43,6 +71,7 @@ impl Ranges {
         prepare: Option<PrepareAs>,
     ) -> Result<Vec<(u64, u64)>, WriteError> {
         let coordinating = prepare.is_none();
+        let _coordinating = coordinating.then(|| Coordinating::new(self, txn_id));
         let p = prepare.unwrap_or_else(|| PrepareAs {
             anchor: groups
                 .iter()
@@ -241,6 +270,7 @@ impl Ranges {
         participants: Vec<Participant>,
         local: Option<LocalWrite>,
     ) -> LocalResponse {
+        let _coordinating = Coordinating::new(self, &gid);
         let Some(anchor) = self.choose_anchor(local.as_ref(), &participants) else {
             return LocalResponse::Error {
                 message: "no range leaseholder is known to record the transaction's decision"
@@ -311,6 +341,7 @@ impl Ranges {
             return failure;
         }
         // Phase two: the decision, then the parts' commits.
+        crate::failpoint::pause(crate::failpoint::SLOW_DECIDE, SWEEP_AFTER + SWEEP_AFTER / 2).await;
         crate::failpoint::hit(crate::failpoint::BEFORE_DECIDE);
         match self.decide(anchor, &gid, Some(true)).await {
             Ok(Some(true)) => {
@@ -454,9 +485,47 @@ impl Ranges {
         r
     }
 
+    /// Whether this node is coordinating two-phase commit `gid` now.
+    pub fn coordinating(&self, gid: &str) -> bool {
+        self.coordinating
+            .lock()
+            .expect("coordinating lock")
+            .contains(gid)
+    }
+
+    /// Whether some live node (this one included) says it is coordinating `gid` now. Asked
+    /// of every live node: the prepared name does not say which coordinates it, and the
+    /// question is only asked of transactions whose decision is late.
+    pub(super) async fn coordinator_alive(&self, gid: &str) -> bool {
+        if self.coordinating(gid) {
+            return true;
+        }
+        let now = crate::node::now_ms();
+        let others: Vec<String> = self.meta.read(|s| {
+            s.nodes()
+                .filter(|n| n.node_id != self.me && n.status(now) == mr_meta::NodeStatus::Live)
+                .map(|n| n.rpc_addr.clone())
+                .collect()
+        });
+        let asks = others.iter().map(|addr| {
+            self.transport.call(
+                addr,
+                PeerRequest::TxnCoordinating {
+                    gid: gid.to_string(),
+                },
+                Duration::from_secs(2),
+            )
+        });
+        futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .any(|r| matches!(r, Ok(PeerResponse::TxnCoordinating { coordinating: true })))
+    }
+
     /// Resolves this node's prepared transactions older than [`SWEEP_AFTER`] (their
     /// coordinator died or lost them): asks each one's anchor for the decision, proposing
-    /// abort if there is none, and ends it accordingly.
+    /// abort if there is none and no node is still coordinating it, and ends it
+    /// accordingly.
     pub(super) async fn sweep_prepared(&self) {
         if self.pg.ready_pid().is_none() {
             return;
@@ -471,8 +540,10 @@ impl Ranges {
             return;
         };
         let stale = sqlx::query(
-            "SELECT gid, database::text FROM pg_catalog.pg_prepared_xacts \
-             WHERE gid LIKE 'mr:%' AND prepared < pg_catalog.now() - make_interval(secs => $1)",
+            "SELECT gid, database::text, \
+                    extract(epoch FROM pg_catalog.now() - prepared)::float8 \
+               FROM pg_catalog.pg_prepared_xacts \
+              WHERE gid LIKE 'mr:%' AND prepared < pg_catalog.now() - make_interval(secs => $1)",
         )
         .bind(SWEEP_AFTER.as_secs_f64())
         .fetch_all(&mut conn)
@@ -488,7 +559,11 @@ impl Ranges {
             let Some(p) = PrepareAs::from_prepared_name(&name) else {
                 continue;
             };
-            match self.decide(p.anchor, &p.gid, Some(false)).await {
+            let age = row.try_get::<f64, _>(2).unwrap_or(0.0);
+            let propose = (age >= COORDINATOR_LIMIT.as_secs_f64()
+                || !self.coordinator_alive(&p.gid).await)
+                .then_some(false);
+            match self.decide(p.anchor, &p.gid, propose).await {
                 Ok(Some(commit)) => {
                     tracing::info!(
                         name,

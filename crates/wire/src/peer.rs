@@ -115,6 +115,11 @@ pub enum PeerRequest {
         gid: String,
         propose: Option<bool>,
     },
+    /// Whether this node is coordinating two-phase commit `gid` now (its prepares or its
+    /// decision under way): [`PeerResponse::TxnCoordinating`]. Asked before a participant
+    /// decides abort for a transaction whose decision is late, so that a slow coordinator
+    /// (a large transaction on a loaded machine) is waited for, and only a gone one is not.
+    TxnCoordinating { gid: String },
     /// Commits (or rolls back) this node's prepared transaction `name` in `database`, after
     /// the decision: [`PeerResponse::Exec`] with `Done`, or an error.
     FinishPrepared {
@@ -194,6 +199,10 @@ pub enum PeerResponse {
     /// Whether the version asked for is known here now.
     SchemaKnown {
         known: bool,
+    },
+    /// Whether the node is coordinating the two-phase commit asked about.
+    TxnCoordinating {
+        coordinating: bool,
     },
     /// A two-phase commit's decision (`None`: not decided yet).
     TxnDecision {
