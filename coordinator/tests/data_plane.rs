@@ -2903,3 +2903,61 @@ async fn a_slow_coordinator_is_waited_for_not_overruled() {
     assert_eq!((b[0].2, b[1].2), (990, 1010), "{b:?}");
     check_consistency(&nodes[2]);
 }
+
+/// A TRUNCATE runs at the leaseholders of what it empties. `TRUNCATE accounts` of a REGIONAL
+/// BY ROW table, whose partitions are leased on three nodes, through any node: every
+/// partition is emptied on every replica and the table's global keys are released (the same
+/// ids are taken again, in other regions). A partition truncated by itself is emptied on its
+/// replicas too. Before, the first was refused at commit ("this node is not the
+/// leaseholder"), and the second emptied only the leaseholder's copy (a partition has no
+/// TRUNCATE trigger of its own to capture it), leaving the replicas differing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_runs_at_the_leaseholders_of_what_it_empties() {
+    let dir = scratch("data-truncate");
+    let nodes = start_cluster(dir.path(), 61, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 2;
+    regional_bank(&nodes, PER).await;
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    exec(&mut west, "TRUNCATE accounts").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: no account left", i + 1),
+            Duration::from_secs(30),
+            || async {
+                (count_in(n, "SELECT count(*) FROM accounts").await == Some(0)).then_some(())
+            },
+        )
+        .await;
+    }
+    // The keys are free again: account 1 (us-east1 before) now in europe-west1, and so on.
+    exec(
+        &mut west,
+        "INSERT INTO accounts (crdb_region, id, balance) VALUES \
+         ('europe-west1', 1, 5), ('us-east1', 3, 5), ('us-west1', 5, 5), ('europe-west1', 2, 5)",
+    )
+    .await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(&mut east, "TRUNCATE accounts_europe_west1").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!(
+                "node {}: the europe-west1 accounts gone, the others kept",
+                i + 1
+            ),
+            Duration::from_secs(30),
+            || async {
+                (count_in(n, "SELECT count(*) FROM accounts").await == Some(2)
+                    && count_in(n, "SELECT count(*) FROM accounts_europe_west1").await == Some(0))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    // CASCADE over several leaseholders is refused, cleanly.
+    let err = sqlx::query("TRUNCATE accounts CASCADE")
+        .execute(&mut east)
+        .await
+        .expect_err("CASCADE over several leaseholders");
+    assert_eq!(code(&err), "0A000", "{err}");
+    check_consistency(&nodes[0]);
+}

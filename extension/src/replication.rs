@@ -103,7 +103,8 @@ fn capture(relid: pg_sys::Oid, op: &str, old: Option<&str>, new: Option<&str>) {
         _ => return,
     };
     // A REGIONAL BY ROW table's rows live in its partitions' ranges: TRUNCATE of the table
-    // (whose statement trigger fires on it alone) truncates each partition.
+    // truncates each partition (each partition's own trigger fires too, when the table is
+    // truncated and when a partition is truncated by itself: once each is enough).
     let leaves: Vec<pg_sys::Oid> = if op == 'T' {
         crate::regions::spi::read_rows(
             "SELECT relid::oid::text FROM pg_catalog.pg_partition_tree($1) \
@@ -119,6 +120,16 @@ fn capture(relid: pg_sys::Oid, op: &str, old: Option<&str>, new: Option<&str>) {
     };
     TXN.with(|t| {
         let mut t = t.borrow_mut();
+        let truncated_last = |changes: &[Change], relid: pg_sys::Oid| {
+            changes
+                .iter()
+                .rev()
+                .find(|c| c.relid == relid)
+                .is_some_and(|c| c.op == 'T')
+        };
+        if op == 'T' && leaves.is_empty() && truncated_last(&t.changes, relid) {
+            return;
+        }
         if leaves.is_empty() {
             t.changes.push(Change {
                 relid,
@@ -128,6 +139,9 @@ fn capture(relid: pg_sys::Oid, op: &str, old: Option<&str>, new: Option<&str>) {
             });
         }
         for leaf in leaves {
+            if truncated_last(&t.changes, leaf) {
+                continue;
+            }
             t.changes.push(Change {
                 relid: leaf,
                 op,
@@ -973,29 +987,34 @@ END
 $fn$;
 
 -- Every permanent table created outside PostgreSQL's and the extension's schemas gets the
--- capture triggers (partitions inherit their parent's row trigger).
+-- capture triggers. Partitions inherit their parent's row triggers but not its statement
+-- trigger: a TRUNCATE of one partition by itself must be captured too.
 CREATE FUNCTION multiregion.install_capture() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_rel regclass;
+    v_partition boolean;
 BEGIN
-    FOR v_rel IN
-        SELECT DISTINCT c.oid::regclass FROM pg_catalog.pg_event_trigger_ddl_commands() d
+    FOR v_rel, v_partition IN
+        SELECT DISTINCT c.oid::regclass, c.relispartition
+          FROM pg_catalog.pg_event_trigger_ddl_commands() d
           JOIN pg_catalog.pg_class c ON c.oid = d.objid
           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0
-           AND c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't'
+           AND c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
            AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion')
            AND n.nspname NOT LIKE 'pg\_%'
            AND NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t
-                            WHERE t.tgrelid = c.oid AND t.tgname = 'multiregion_capture')
+                            WHERE t.tgrelid = c.oid AND t.tgname = 'multiregion_capture_truncate')
     LOOP
-        EXECUTE format('CREATE TRIGGER multiregion_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION multiregion.capture_row()', v_rel);
+        IF NOT v_partition THEN
+            EXECUTE format('CREATE TRIGGER multiregion_capture AFTER INSERT OR UPDATE OR DELETE ON %s '
+                           'FOR EACH ROW EXECUTE FUNCTION multiregion.capture_row()', v_rel);
+            EXECUTE format('CREATE TRIGGER "_multiregion_route" BEFORE INSERT ON %s '
+                           'FOR EACH ROW EXECUTE FUNCTION multiregion.route_row()', v_rel);
+        END IF;
         EXECUTE format('CREATE TRIGGER multiregion_capture_truncate AFTER TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION multiregion.capture_truncate()', v_rel);
-        EXECUTE format('CREATE TRIGGER "_multiregion_route" BEFORE INSERT ON %s '
-                       'FOR EACH ROW EXECUTE FUNCTION multiregion.route_row()', v_rel);
     END LOOP;
 END
 $fn$;

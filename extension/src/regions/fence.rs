@@ -110,27 +110,29 @@ pub(crate) unsafe fn before_truncate(
         return false;
     }
     // SAFETY: a TruncateStmt's relations are RangeVars, valid for the call.
-    let relids: Vec<pg_sys::Oid> = unsafe {
+    let (relids, restart, cascade) = unsafe {
         let stmt = &*(node as *mut pg_sys::TruncateStmt);
-        super::replicate::list_ptrs(stmt.relations)
+        let relids: Vec<pg_sys::Oid> = super::replicate::list_ptrs(stmt.relations)
             .filter_map(|rv| catalog::relid_of(rv as *mut pg_sys::RangeVar))
-            .collect()
+            .collect();
+        (
+            relids,
+            stmt.restart_seqs,
+            stmt.behavior == pg_sys::DropBehavior::DROP_CASCADE,
+        )
     };
     let database = catalog::database_name();
-    let tables: Vec<TableRef> = replicated_tables(&database, relids)
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+    let replicated = replicated_tables(&database, relids.clone());
+    let tables: Vec<TableRef> = replicated.iter().map(|(_, t)| t.clone()).collect();
     if tables.is_empty() {
         return false;
     }
     let Some(ranges) = sidecar::table_ranges(database, tables).or_raise() else {
         return false;
     };
-    let holders: std::collections::BTreeSet<Option<u64>> = ranges
-        .iter()
-        .map(|r| (!r.here).then_some(r.leaseholder).flatten())
-        .collect();
+    let targets = truncated(&relids, &replicated, &ranges).or_raise();
+    let holders: std::collections::BTreeSet<Option<u64>> =
+        targets.iter().map(|(n, _)| *n).collect();
     let mut holders = holders.into_iter();
     match (holders.next(), holders.next()) {
         (Some(Some(node)), None) => {
@@ -140,8 +142,119 @@ pub(crate) unsafe fn before_truncate(
             routing::run_on(node, &sql, Vec::new()).or_raise();
             true
         }
-        _ => false,
+        (None, _) | (Some(None), None) => false,
+        _ => {
+            truncate_split(&relids, &replicated, targets, restart, cascade).or_raise();
+            true
+        }
     }
+}
+
+/// The relations a TRUNCATE of `relids` empties among `ranges` (of the `replicated` tables it
+/// names), each with its range's leaseholder (`None`: this node): a REGIONAL BY ROW table's
+/// partitions (only those named, when the table itself is not), or whole tables.
+fn truncated(
+    relids: &[pg_sys::Oid],
+    replicated: &[(pg_sys::Oid, TableRef)],
+    ranges: &[mr_wire::local::TableRange],
+) -> Result<Vec<(Option<u64>, String)>, MrError> {
+    let named = |name: &str| {
+        spi::read_one("SELECT $1::regclass::oid::text", vec![name.into()])
+            .and_then(|o| o.parse::<u32>().ok())
+            .is_some_and(|o| relids.iter().any(|r| r.to_u32() == o))
+    };
+    let mut out = Vec::new();
+    for r in ranges {
+        let Some(&(oid, _)) = replicated.iter().find(|(_, t)| *t == r.table) else {
+            continue;
+        };
+        let relation = match &r.partition {
+            Some(region) => super::rbr::partition_of(oid, region).ok_or_else(|| {
+                MrError::Retryable(format!(
+                    "table {}.{} has no partition for region {region} here yet",
+                    r.table.schema, r.table.table
+                ))
+            })?,
+            None => format!(
+                "{}.{}",
+                spi::ident(&r.table.schema),
+                spi::ident(&r.table.table)
+            ),
+        };
+        if !relids.contains(&oid) && !named(&relation) {
+            continue;
+        }
+        let node = if r.here {
+            None
+        } else {
+            Some(r.leaseholder.ok_or_else(|| {
+                MrError::Retryable(format!(
+                    "range {} of table {}.{} has no leaseholder yet",
+                    r.range_id, r.table.schema, r.table.table
+                ))
+            })?)
+        };
+        out.push((node, relation));
+    }
+    Ok(out)
+}
+
+/// A TRUNCATE of tables whose ranges are leased on several nodes: each leaseholder truncates
+/// the relations of its own ranges (a REGIONAL BY ROW table's partitions, or whole tables) in
+/// this transaction's session there, this node its own and the statement's unreplicated
+/// tables, and the global keys of the tables truncated whole are released at their key
+/// tables' leaseholders (the table's TRUNCATE trigger, which records that, does not fire for
+/// its partitions).
+fn truncate_split(
+    relids: &[pg_sys::Oid],
+    replicated: &[(pg_sys::Oid, TableRef)],
+    targets: Vec<(Option<u64>, String)>,
+    restart: bool,
+    cascade: bool,
+) -> Result<(), MrError> {
+    if cascade {
+        return Err(MrError::WriteNotServed {
+            message: "TRUNCATE … CASCADE of tables whose ranges are leased on several nodes is not supported".into(),
+            hint: "Name the referencing tables in the TRUNCATE instead of CASCADE.".into(),
+        });
+    }
+    let mut by_node: std::collections::BTreeMap<Option<u64>, Vec<String>> = Default::default();
+    for (node, relation) in targets {
+        by_node.entry(node).or_default().push(relation);
+    }
+    // Tables of the statement that are not replicated are this node's own.
+    for &relid in relids {
+        let root = spi::read_one(
+            "SELECT coalesce(pg_catalog.pg_partition_root($1::oid::regclass), $1::oid::regclass)::oid::text",
+            vec![relid.into()],
+        );
+        let replicated_root = root
+            .and_then(|o| o.parse::<u32>().ok())
+            .is_some_and(|o| replicated.iter().any(|(r, _)| r.to_u32() == o));
+        if !replicated_root {
+            let name = spi::read_one("SELECT $1::oid::regclass::text", vec![relid.into()]);
+            by_node.entry(None).or_default().extend(name);
+        }
+    }
+    let suffix = if restart { " RESTART IDENTITY" } else { "" };
+    for (node, relations) in &by_node {
+        let sql = format!("TRUNCATE {}{suffix}", relations.join(", "));
+        match node {
+            Some(n) => {
+                routing::refuse_with_schema_change(*n);
+                routing::run_on(*n, &sql, Vec::new())?;
+            }
+            None => spi::run(&sql),
+        }
+    }
+    for (oid, _) in replicated.iter().filter(|(o, _)| relids.contains(o)) {
+        spi::run_with(
+            "SELECT multiregion.record_keys_truncated(key_table, relid, constraint_name) \
+               FROM multiregion.global_key WHERE relid = $1",
+            vec![(*oid).into()],
+        );
+    }
+    Ok(())
 }
 
 /// The replicated tables among `relids` (a partition stands for its table), once each.

@@ -41,8 +41,8 @@ pub fn tables_homed_in(region: &str) -> Vec<String> {
         .collect()
 }
 
-/// The partition of `parent` that holds `region`, if any.
-fn partition_of(parent: Oid, region: &str) -> Option<String> {
+/// The partition of `parent` that holds `region`, if any (qualified as regclass prints it).
+pub(crate) fn partition_of(parent: Oid, region: &str) -> Option<String> {
     one(
         "SELECT c.oid::regclass::text FROM pg_catalog.pg_inherits i \
          JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1 \
