@@ -757,14 +757,20 @@ impl Ranges {
         }
 
         if g.leading().is_none() {
-            // Lease preference: the first voter asks for leadership when it is not leader.
+            // Lease preference: the first voter asks for leadership when it is not leader —
+            // only under a settled membership: uniform, and applied here. A node that
+            // campaigns on the joint configuration of a change that moves the voters to it
+            // (`{1}` → `{2}`) takes a term the old leader cannot replicate the final
+            // configuration past, and the old leader, a learner under that configuration,
+            // will not vote for a log shorter than its own: the range stays leaderless for
+            // good (the --global demo's SET LOCALITY hit this within one WAN round trip).
             let m = g.raft.metrics().borrow().clone();
-            let is_voter = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == self.me);
-            if preferred == Some(self.me) && is_voter && m.current_leader.is_some() {
+            let membership = m.membership_config.membership();
+            let settled = membership.get_joint_config().len() == 1
+                && m.membership_config.log_id().as_ref().map(|l| l.index)
+                    <= m.last_applied.as_ref().map(|l| l.index);
+            let is_voter = membership.voter_ids().any(|v| v == self.me);
+            if preferred == Some(self.me) && is_voter && settled && m.current_leader.is_some() {
                 let due = {
                     let mut last = g.last_elect.lock().expect("elect lock");
                     let due = last.is_none_or(|t| t.elapsed() >= ELECT_EVERY);
