@@ -98,6 +98,10 @@ struct RemoteTxn {
     /// Only global key changes ran there (`apply_key_changes`): a part that neither pins a
     /// REPEATABLE READ transaction's statements nor holds rows it must read back.
     keys_only: bool,
+    /// It changed replicated rows. A READ COMMITTED part that did not only read and locked
+    /// rows (a foreign key's check, `FOR UPDATE`): it takes no part in the commit, and is
+    /// rolled back, releasing its locks, once this transaction has committed.
+    wrote: bool,
 }
 
 thread_local! {
@@ -1115,6 +1119,7 @@ fn send_step(
             savepoints: open.clone(),
             pending: Vec::new(),
             keys_only,
+            wrote: false,
         });
         (req, pin)
     };
@@ -1124,9 +1129,14 @@ fn send_step(
     }
     let sent_commit = req.finish == Some(Finish::Commit);
     let session = req.session.clone();
-    let (rows, keys, deferred) = sidecar::forward(node, req)?;
-    crate::global_keys::returned(keys);
-    if sent_commit && !deferred.is_empty() {
+    let f = sidecar::forward(node, req)?;
+    crate::global_keys::returned(f.keys);
+    REMOTE.with(|r| {
+        if let Some(x) = r.borrow_mut().iter_mut().find(|x| x.session == session) {
+            x.wrote |= f.wrote;
+        }
+    });
+    if sent_commit && !f.deferred.is_empty() {
         // Its referential queries must run first: the part did not commit, and commits
         // with this transaction.
         REMOTE.with(|r| {
@@ -1136,11 +1146,12 @@ fn send_step(
                 savepoints: open,
                 pending: Vec::new(),
                 keys_only,
+                wrote: f.wrote,
             })
         });
     }
-    crate::ri::returned(deferred);
-    Ok(rows)
+    crate::ri::returned(f.deferred);
+    Ok(f.rows)
 }
 
 /// Runs `sql` (text parameters) on `node` in this transaction's session there, which ends
@@ -1586,7 +1597,21 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
 /// backend's own changes as one of the parts. Needs an active snapshot (SPI).
 #[allow(unsafe_code)]
 pub fn pre_commit() -> Result<(), MrError> {
-    let remotes = REMOTE.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    // SAFETY: reads a backend global.
+    let read_committed = unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 };
+    // Under READ COMMITTED a part that only read and locked rows has nothing to commit: it
+    // stays behind, to be rolled back once this transaction has committed (`at_end`), so
+    // that its locks (a foreign key check's) last until the rows that needed them are
+    // visible. Under REPEATABLE READ and SERIALIZABLE its commit may be what detects a
+    // conflict: it commits with the others.
+    let remotes = REMOTE.with(|r| {
+        let mut r = r.borrow_mut();
+        let (writers, readers): (Vec<RemoteTxn>, Vec<RemoteTxn>) = std::mem::take(&mut *r)
+            .into_iter()
+            .partition(|x| x.wrote || !read_committed);
+        *r = readers;
+        writers
+    });
     match remotes.as_slice() {
         [] => return Ok(()),
         [one] if !replication::has_local_changes() => return finish(one, Finish::Commit),
@@ -1673,8 +1698,10 @@ pub fn at_end(aborted: bool) {
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
     LOCAL_PART.with(|l| l.set(false));
     RUN_DEPTH.with(|d| d.set(0));
+    // After a commit only the parts that read and locked rows are left (`pre_commit`):
+    // rolled back too, which releases their locks.
     for r in REMOTE.with(|r| std::mem::take(&mut *r.borrow_mut())) {
-        if aborted {
+        if aborted || !r.wrote {
             if let Err(e) = finish(&r, Finish::Rollback) {
                 pgrx::warning!(
                     "could not roll back this transaction's part on node {}: {e}; it is rolled back when the node notices this backend is gone",
@@ -1739,13 +1766,15 @@ type RemoteExecRow = (
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<bool>,
 );
 
 /// Runs one statement forwarded by another node, as `role`, with `gateway_region()` answering
 /// that node's region: its rows as text, each with the number of rows processed (one row
 /// with a NULL `row` when it returns none), and on the first, as JSON, the rows it left for
 /// partitions leased elsewhere (`crate::moved`), the changes it made to global keys
-/// (`crate::global_keys`) and the referential queries it left for the origin (`crate::ri`). With `partitions`, an UPDATE or DELETE changes
+/// (`crate::global_keys`) and the referential queries it left for the origin (`crate::ri`),
+/// and whether the transaction has changed replicated rows so far. With `partitions`, an UPDATE or DELETE changes
 /// only rows of those partitions of its target (one share of a statement split over several
 /// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
 /// vouches for the role over the authenticated peer link.
@@ -1766,6 +1795,7 @@ fn remote_exec(
         name!(moved, Option<String>),
         name!(keys, Option<String>),
         name!(deferred, Option<String>),
+        name!(wrote, Option<bool>),
     ),
 > {
     struct AsUser(Option<(pg_sys::Oid, i32)>);
@@ -1798,11 +1828,12 @@ fn remote_exec(
     let processed = processed as i64;
     let mut out: Vec<RemoteExecRow> = rows
         .into_iter()
-        .map(|r| (processed, Some(r), None, None, None))
+        .map(|r| (processed, Some(r), None, None, None, None))
         .collect();
     if out.is_empty() {
-        out.push((processed, None, None, None, None));
+        out.push((processed, None, None, None, None, None));
     }
+    out[0].5 = Some(replication::has_local_changes());
     if !moved.is_empty() {
         out[0].2 = serde_json::to_string(&moved).ok();
     }

@@ -201,25 +201,27 @@ pub type ForwardedRows = (
     Vec<mr_wire::local::MovedRows>,
 );
 
+/// What one forwarded step returned.
+pub struct Forwarded {
+    pub rows: ForwardedRows,
+    /// Changes it made to global keys ([`crate::global_keys`]).
+    pub keys: Vec<mr_wire::local::KeyChanges>,
+    /// Referential queries it left for this node ([`crate::ri`]).
+    pub deferred: Vec<mr_wire::local::DeferredStatement>,
+    /// The remote transaction has changed replicated rows.
+    pub wrote: bool,
+}
+
 /// Longest wait for one forwarded step (pgmr's own bound is 600 s).
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(610);
 
-/// Runs one step of this transaction on node `node_id`: its rows and processed count, rows
-/// it left for other leaseholders, and the changes it made to global keys
-/// ([`crate::global_keys`]). Interruptible unless it commits (a cancel cannot take back a
+/// Runs one step of this transaction on node `node_id`: what it returned ([`Forwarded`]). Interruptible unless it commits (a cancel cannot take back a
 /// commit under way); the transaction then aborts, and its rollback cancels the remote
 /// statement.
 pub fn forward(
     node_id: u64,
     request: mr_wire::local::ForwardRequest,
-) -> Result<
-    (
-        ForwardedRows,
-        Vec<mr_wire::local::KeyChanges>,
-        Vec<mr_wire::local::DeferredStatement>,
-    ),
-    MrError,
-> {
+) -> Result<Forwarded, MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
     let commits = request.finish == Some(mr_wire::local::Finish::Commit);
     let req = LocalRequest::Forward { node_id, request };
@@ -236,7 +238,13 @@ pub fn forward(
             moved,
             keys,
             deferred,
-        } => Ok(((processed, rows, moved), keys, deferred)),
+            wrote,
+        } => Ok(Forwarded {
+            rows: (processed, rows, moved),
+            keys,
+            deferred,
+            wrote,
+        }),
         other => Err(write_error("forward", other)),
     }
 }

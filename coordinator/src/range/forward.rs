@@ -94,6 +94,7 @@ impl Ranges {
                 moved: Vec::new(),
                 keys: Vec::new(),
                 deferred: Vec::new(),
+                wrote: false,
             };
         }
         let ends = req.finish.is_some();
@@ -243,6 +244,7 @@ impl Ranges {
                     moved: Vec::new(),
                     keys: Vec::new(),
                     deferred: Vec::new(),
+                    wrote: false,
                 }
             }
             (None, None) => {
@@ -298,13 +300,14 @@ impl Ranges {
             }
         }
         match outcome {
-            Ok(Outcome::Rows((processed, rows, moved, keys, deferred))) => {
+            Ok(Outcome::Rows((processed, rows, moved, keys, deferred, wrote))) => {
                 LocalResponse::Forwarded {
                     processed,
                     rows,
                     moved,
                     keys,
                     deferred,
+                    wrote,
                 }
             }
             // A part that wrote and locked nothing committed instead of preparing.
@@ -535,24 +538,26 @@ enum Outcome {
 
 /// A row as text, as `remote_exec` returns it.
 type TextRow = Vec<Option<String>>;
-/// A row of `remote_exec`: rows processed, a row, and as JSON moved rows, key changes and
-/// deferred referential statements.
+/// A row of `remote_exec`: rows processed, a row, as JSON moved rows, key changes and
+/// deferred referential statements, and whether the transaction has written.
 type ExecRow = (
     i64,
     Option<TextRow>,
     Option<String>,
     Option<String>,
     Option<String>,
+    Option<bool>,
 );
 /// Rows processed, the rows returned, rows left for other partitions' leaseholders, changes
-/// to global keys left for the key tables' leaseholders, and referential statements left for
-/// the origin.
+/// to global keys left for the key tables' leaseholders, referential statements left for
+/// the origin, and whether the transaction has changed replicated rows.
 type Rows = (
     u64,
     Vec<TextRow>,
     Vec<mr_wire::local::MovedRows>,
     Vec<mr_wire::local::KeyChanges>,
     Vec<mr_wire::local::DeferredStatement>,
+    bool,
 );
 
 async fn run_steps(
@@ -573,7 +578,8 @@ async fn run_steps(
             remote.failed.store(false, Ordering::SeqCst);
         }
     }
-    let mut out: Rows = (0, Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A step without a statement (savepoints only) says nothing about writes: assume some.
+    let mut out: Rows = (0, Vec::new(), Vec::new(), Vec::new(), Vec::new(), true);
     if let Some(st) = &req.statement {
         if let Some(ms) = st.lock_timeout_ms {
             let set = sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
@@ -586,7 +592,7 @@ async fn run_steps(
         }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
-            "SELECT processed, \"row\", moved, keys, deferred FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
+            "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
         .bind(remote.role.clone())
         .bind(remote.gateway_region.clone())
@@ -608,10 +614,14 @@ async fn run_steps(
                     r.try_get(2)?,
                     r.try_get(3)?,
                     r.try_get(4)?,
+                    r.try_get(5)?,
                 ))
             });
             match decoded {
-                Ok((processed, row, moved, keys, deferred)) => {
+                Ok((processed, row, moved, keys, deferred, wrote)) => {
+                    if let Some(w) = wrote {
+                        out.5 = w;
+                    }
                     out.0 = processed.max(0) as u64;
                     out.1.extend(row);
                     if let Some(m) = moved {

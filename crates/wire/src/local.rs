@@ -375,6 +375,11 @@ pub struct ForwardStatement {
     pub partitions: Vec<String>,
 }
 
+/// A node that does not say whether its part wrote is taken to have written.
+fn wrote_unknown() -> bool {
+    true
+}
+
 /// A statement a foreign key's trigger ran while serving another node's statement, over rows
 /// leased elsewhere: not run there (that node cannot see the transaction's changes on other
 /// nodes, nor lock rows it does not lease), but returned for the origin to run in the same
@@ -648,6 +653,10 @@ pub enum LocalResponse {
         /// commit: its session stays open, as a part of the origin's transaction.
         #[serde(default)]
         deferred: Vec<DeferredStatement>,
+        /// The remote transaction has changed replicated rows (so far): a part that only read
+        /// and locked rows takes no part in the commit, and is released after it.
+        #[serde(default = "wrote_unknown")]
+        wrote: bool,
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),
