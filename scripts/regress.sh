@@ -235,8 +235,10 @@ gateway_phase() {
         cat "$out/app.log"
         failed+=(gateway-app)
     fi
-    # The same app with row replication on: its rows, their moves between regions (the
-    # rehome UPDATEs) and the conversion's region assignment end up alike on every node.
+    # The same app again (row replication is on by default; the setting is repeated so the
+    # check stands on its own), its replicas then compared: its rows, their moves between
+    # regions (the rehome UPDATEs) and the conversion's region assignment end up alike on
+    # every node.
     local psql_gw=("$bindir/psql" -X -q -At -h 127.0.0.1 -p "$sql_port" -U root)
     if ! { "${psql_gw[@]}" -d defaultdb \
                -c "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')" \
