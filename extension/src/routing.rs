@@ -1167,6 +1167,14 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
         partitions: Vec::new(),
     };
     send(node, statement, false)?;
+    // A TRUNCATE there, or a schema change's lock: either commits with this transaction,
+    // before its schema change is awaited on every node (a lock kept past that would hold
+    // up the change's own application there).
+    REMOTE.with(|r| {
+        if let Some(x) = r.borrow_mut().iter_mut().find(|x| x.node == node) {
+            x.wrote = true;
+        }
+    });
     crate::ri::run_pending();
     Ok(())
 }
