@@ -1593,6 +1593,22 @@ async fn try_connect_db(port: u16, db: &str) -> PgConnection {
         .unwrap()
 }
 
+/// Restarts `node` (node 1 of [`regional_bank`]) with `failpoint` armed; a connection to it
+/// once it serves a (no-op) transfer again.
+async fn restart_with_failpoint(node: &mut Node, failpoint: &str, per: i32) -> PgConnection {
+    node.crash();
+    node.restart_with_env(&[("PGMR_FAILPOINT", failpoint)]);
+    eventually("node 1 back", Duration::from_secs(90), || async {
+        let mut c = connect(node, "mr").await?;
+        sqlx::raw_sql(&transfer_sql(1, per, 0, 0))
+            .execute(&mut c)
+            .await
+            .ok()?;
+        Some(c)
+    })
+    .await
+}
+
 /// The coordinator's node crashes (`PGMR_FAILPOINT`) between the parts' prepares and the
 /// decision, and then between the decision and the parts' commits: after it restarts, the
 /// first transaction is rolled back everywhere and the second committed everywhere (its own
@@ -1608,17 +1624,7 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
         ("2pc-before-decide", 1, (1000, 1000)),
         ("2pc-after-decide", 2, (990, 1010)),
     ] {
-        nodes[0].crash();
-        nodes[0].restart_with_env(&[("PGMR_FAILPOINT", failpoint)]);
-        let mut c = eventually("node 1 back", Duration::from_secs(90), || async {
-            let mut c = connect(&nodes[0], "mr").await?;
-            sqlx::raw_sql(&transfer_sql(1, PER, 0, 0))
-                .execute(&mut c)
-                .await
-                .ok()?;
-            Some(c)
-        })
-        .await;
+        let mut c = restart_with_failpoint(&mut nodes[0], failpoint, PER).await;
         let err = sqlx::raw_sql(&format!(
             "BEGIN; {}; {}; COMMIT",
             transfer_sql(1, PER, -10, tid),
@@ -2879,17 +2885,7 @@ async fn a_slow_coordinator_is_waited_for_not_overruled() {
     let mut nodes = start_cluster(dir.path(), 60, WAN, &[EAST_B, WEST_A, EU_B]).await;
     const PER: i32 = 1;
     regional_bank(&nodes, PER).await;
-    nodes[0].crash();
-    nodes[0].restart_with_env(&[("PGMR_FAILPOINT", "2pc-slow-decide")]);
-    let mut c = eventually("node 1 back", Duration::from_secs(90), || async {
-        let mut c = connect(&nodes[0], "mr").await?;
-        sqlx::raw_sql(&transfer_sql(1, PER, 0, 0))
-            .execute(&mut c)
-            .await
-            .ok()?;
-        Some(c)
-    })
-    .await;
+    let mut c = restart_with_failpoint(&mut nodes[0], "2pc-slow-decide", PER).await;
     sqlx::raw_sql(&format!(
         "BEGIN; {}; {}; COMMIT",
         transfer_sql(1, PER, -10, 1),

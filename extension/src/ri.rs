@@ -200,18 +200,16 @@ pub fn current() -> Option<RiCall> {
     CALLS.with(|c| c.borrow().last().copied())
 }
 
-/// Defers `statement`, a query of referential trigger `call` over rows leased elsewhere, to
-/// the origin; returns the rows the trigger gets here meanwhile (as text, `width` columns),
-/// or `None` for a query that is neither the trigger's check nor its action and so is run
-/// here (a NO ACTION trigger's look for another row with the removed key: with keys unique
-/// across the cluster, finding none here only makes it check the referencing rows too).
+/// Defers `statement`, a query of referential trigger `call` over rows leased elsewhere
+/// (`queried`: the relation it reads), to the origin; returns the rows the trigger gets here
+/// meanwhile (as text, `width` columns).
 #[allow(unsafe_code)]
 pub fn defer(
     call: RiCall,
     statement: &ForwardStatement,
     queried: pg_sys::Oid,
     width: usize,
-) -> Option<Vec<Vec<Option<String>>>> {
+) -> Vec<Vec<Option<String>>> {
     // SAFETY: reads the current user, valid in a transaction.
     let role = unsafe {
         let p = pg_sys::GetUserNameFromId(pg_sys::GetUserId(), true);
@@ -237,7 +235,9 @@ pub fn defer(
         RiKind::Restrict if statement.sql.contains(" x WHERE $") => {
             (Some(violation(call, false, queried, &values)), Vec::new())
         }
-        RiKind::Restrict => return None,
+        // Its look for another row with the removed key: none (keys are unique across the
+        // cluster), so the referencing rows are checked — never a wrong "found" from a copy.
+        RiKind::Restrict => return Vec::new(),
     };
     DEFERRED.with(|d| {
         d.borrow_mut().push(DeferredStatement {
@@ -247,7 +247,7 @@ pub fn defer(
             check,
         })
     });
-    Some(rows)
+    rows
 }
 
 /// PostgreSQL's error for a failed check of `call` (`ri_ReportViolation`): a referencing key

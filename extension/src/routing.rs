@@ -475,9 +475,7 @@ unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
         }
         (statement_of(qd), (*rte).relid, width)
     };
-    let Some(rows) = crate::ri::defer(call, &statement, queried, width) else {
-        return false;
-    };
+    let rows = crate::ri::defer(call, &statement, queried, width);
     FORWARDED.with(|f| {
         f.borrow_mut().insert(
             key,
