@@ -755,6 +755,7 @@ impl Node {
                 fenced,
                 notify,
                 key_seeds,
+                sequences,
             } => {
                 let command = Command::SchemaChange {
                     database: database.clone(),
@@ -766,6 +767,7 @@ impl Node {
                     tables,
                     fenced,
                     key_seeds,
+                    sequences,
                 };
                 match self.meta().propose(command, WRITE_TIMEOUT).await {
                     Ok(Outcome::SchemaVersion { version }) => {
@@ -787,6 +789,40 @@ impl Node {
                     )),
                     Err(e) => unavailable(e),
                 }
+            }
+            LocalRequest::NextSequenceValues {
+                sequence,
+                params,
+                initial,
+                count,
+            } => {
+                if !self.ranges().enabled() {
+                    return LocalResponse::NotReplicated;
+                }
+                let command = Command::NextSequenceValues {
+                    sequence,
+                    params,
+                    initial,
+                    count,
+                };
+                match self.meta().propose(command, WRITE_TIMEOUT).await {
+                    Ok(Outcome::SequenceValues { block }) => LocalResponse::SequenceValues {
+                        first: block.first,
+                        count: block.count,
+                    },
+                    Ok(Outcome::SequenceLimit { limit }) => LocalResponse::SequenceLimit { limit },
+                    Ok(Outcome::Rejected { error }) => LocalResponse::error(error.to_string()),
+                    Ok(other) => {
+                        LocalResponse::error(format!("unexpected outcome of a draw: {other:?}"))
+                    }
+                    Err(e) => unavailable(e),
+                }
+            }
+            LocalRequest::ChangeSequences { changes } => {
+                if !self.ranges().enabled() {
+                    return LocalResponse::NotReplicated;
+                }
+                self.write(Command::ChangeSequences { changes }).await
             }
             LocalRequest::AwaitSchemaApplied {
                 database,
@@ -1476,6 +1512,7 @@ mod tests {
             tables: None,
             fenced: vec![],
             key_seeds: vec![],
+            sequences: vec![],
         };
         assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
         apply(

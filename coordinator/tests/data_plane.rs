@@ -3002,3 +3002,109 @@ async fn tables_moved_to_another_region_get_a_leaseholder_there() {
     }
     check_consistency(&nodes[0]);
 }
+
+/// One value a query returns, through a connection to `node`'s database `mr`.
+async fn value_on(node: &Node, sql: &str) -> i64 {
+    let mut c = eventually("database mr", Duration::from_secs(30), || {
+        connect(node, "mr")
+    })
+    .await;
+    sqlx::query_scalar(sql)
+        .fetch_one(&mut c)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// A sequence is one counter for the cluster: a `bigserial` key of a REGIONAL BY ROW table,
+/// whose partitions are leased by three nodes, takes distinct values when every region
+/// inserts at once (each node drew from its own copy before: the same ids, and 23505 from
+/// the key's global uniqueness); `nextval` through the nodes in turn climbs; and renames,
+/// `setval`, `ALTER SEQUENCE … RESTART`, a drop and re-create, and `TRUNCATE … RESTART
+/// IDENTITY` on one node are what the next draw on another node sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_hands_out_each_value_once_through_every_node() {
+    let dir = scratch("data-sequence-counter");
+    let nodes = start_cluster(dir.path(), 63, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = regional_accounts(&nodes).await;
+    execute_all(
+        &mut m,
+        &["CREATE TABLE orders (id bigserial PRIMARY KEY, note text) LOCALITY REGIONAL BY ROW"],
+    )
+    .await;
+    exec(&mut m, "CREATE SEQUENCE s").await;
+    for n in &nodes {
+        let mut c = eventually("database mr", Duration::from_secs(30), || connect(n, "mr")).await;
+        exec_once_settled(&mut c, "INSERT INTO orders (note) VALUES ('first')").await;
+    }
+    let inserts = nodes.iter().map(|n| async move {
+        let port = n.pg_port;
+        let mut c = try_connect_db(port, "mr").await;
+        for i in 0..20 {
+            let sql = format!("INSERT INTO orders (note) VALUES ('{port}-{i}')");
+            sqlx::query(&sql)
+                .execute(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("insert through port {port}: {e}"));
+        }
+    });
+    futures::future::join_all(inserts).await;
+    let sql = "SELECT count(*) - count(DISTINCT id) FROM orders";
+    assert_eq!(value_on(&nodes[0], "SELECT count(*) FROM orders").await, 63);
+    assert_eq!(value_on(&nodes[0], sql).await, 0, "every id distinct");
+    assert_eq!(
+        value_on(&nodes[2], "SELECT max(id) FROM orders").await,
+        63,
+        "dense"
+    );
+
+    let mut last = 0;
+    for round in 0..2 {
+        for n in &nodes {
+            let v = value_on(n, "SELECT nextval('s')").await;
+            assert!(v > last, "round {round}: {v} after {last}");
+            last = v;
+        }
+    }
+    assert_eq!(last, 6);
+
+    exec(&mut m, "ALTER SEQUENCE s RENAME TO s2").await;
+    assert_eq!(
+        value_on(&nodes[1], "SELECT nextval('s2')").await,
+        7,
+        "renamed"
+    );
+    assert_eq!(value_on(&nodes[2], "SELECT setval('s2', 100)").await, 100);
+    assert_eq!(
+        value_on(&nodes[0], "SELECT nextval('s2')").await,
+        101,
+        "set"
+    );
+    exec(&mut m, "ALTER SEQUENCE s2 RESTART WITH 50").await;
+    assert_eq!(
+        value_on(&nodes[1], "SELECT nextval('s2')").await,
+        50,
+        "restarted"
+    );
+    exec(&mut m, "DROP SEQUENCE s2").await;
+    exec(&mut m, "CREATE SEQUENCE s2").await;
+    assert_eq!(
+        value_on(&nodes[2], "SELECT nextval('s2')").await,
+        1,
+        "created again"
+    );
+
+    let mut w = eventually("database mr", Duration::from_secs(30), || {
+        connect(&nodes[1], "mr")
+    })
+    .await;
+    exec(&mut w, "TRUNCATE orders RESTART IDENTITY").await;
+    assert_eq!(
+        value_on(
+            &nodes[2],
+            "INSERT INTO orders (note) VALUES ('again') RETURNING id"
+        )
+        .await,
+        1,
+        "identity restarted"
+    );
+}

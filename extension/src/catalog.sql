@@ -46,14 +46,29 @@ CREATE TABLE multiregion.global_key (
     PRIMARY KEY (relid, constraint_name)
 );
 
+-- The name under which each sequence's cluster-wide counter is kept in the meta group: its
+-- name when the last schema change that created or renamed it committed (sequences.rs). A
+-- sequence renamed by a transaction still draws under its old name until that commits.
+CREATE TABLE multiregion.sequence_keys (
+    seq oid PRIMARY KEY,
+    nspname name NOT NULL,
+    relname name NOT NULL
+);
+INSERT INTO multiregion.sequence_keys
+SELECT c.oid, n.nspname, c.relname
+  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind = 'S' AND c.relpersistence = 'p'
+   AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys')
+   AND n.nspname NOT LIKE 'pg\_%';
+
 CREATE SCHEMA multiregion_keys;
 COMMENT ON SCHEMA multiregion_keys IS
     'pg_multiregion: the keys of REGIONAL BY ROW tables that must be unique across regions';
 
 GRANT USAGE ON SCHEMA multiregion TO PUBLIC;
 GRANT USAGE ON SCHEMA multiregion_keys TO PUBLIC;
-GRANT SELECT ON multiregion.database_config, multiregion.table_locality, multiregion.global_key
-    TO PUBLIC;
+GRANT SELECT ON multiregion.database_config, multiregion.table_locality, multiregion.global_key,
+    multiregion.sequence_keys TO PUBLIC;
 
 -- Maintains a global key table from a REGIONAL BY ROW table's row triggers. With row
 -- replication on, the key table is a replicated range and the change is only recorded, for

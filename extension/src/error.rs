@@ -132,6 +132,17 @@ pub enum MrError {
     /// change (docs/ARCHITECTURE.md §8.6).
     #[error("a schema change of replicated table {table} cannot follow statements this transaction ran on other nodes")]
     DdlAfterRemoteStatements { table: String },
+    /// `nextval` past a sequence's bound (PostgreSQL's text).
+    #[error("nextval: reached {} value of sequence \"{sequence}\" ({limit})", if *.ascending { "maximum" } else { "minimum" })]
+    SequenceLimit {
+        sequence: String,
+        limit: i64,
+        ascending: bool,
+    },
+    #[error("\"{0}\" is not a sequence")]
+    NotASequence(String),
+    #[error("permission denied for sequence {0}")]
+    SequencePermission(String),
     /// Changes to a global key table asked for by a role that may not write its table.
     #[error("permission denied for table {table}")]
     KeyChangesNotPermitted { table: String },
@@ -183,6 +194,9 @@ impl MrError {
                 ERRCODE_FEATURE_NOT_SUPPORTED
             }
             MrError::NoSuchTable(_) => ERRCODE_UNDEFINED_TABLE,
+            MrError::SequenceLimit { .. } => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
+            MrError::NotASequence(_) => ERRCODE_WRONG_OBJECT_TYPE,
+            MrError::SequencePermission(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             MrError::BadArgument { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
             MrError::Syntax { .. } => ERRCODE_SYNTAX_ERROR,
             MrError::DatabaseExists(_) => ERRCODE_DUPLICATE_DATABASE,

@@ -84,7 +84,10 @@ unsafe extern "C-unwind" fn planner(
     bound_params: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
     // SAFETY: PostgreSQL passes the Query it is about to plan, ours to change until planned.
-    unsafe { crate::region_filter::derive(parse, bound_params) };
+    unsafe {
+        crate::sequences::redirect(parse);
+        crate::region_filter::derive(parse, bound_params);
+    }
     // SAFETY: the previous hook (or PostgreSQL's own planner) with our arguments.
     unsafe {
         match PREV_PLANNER.get() {
@@ -121,6 +124,8 @@ unsafe extern "C-unwind" fn process_utility(
             (None, None)
         }
     };
+    // SAFETY: as above; a TRUNCATE … RESTART IDENTITY restarts its tables' sequences.
+    unsafe { crate::sequences::before_utility(&*pstmt) };
     if replicate.is_some() {
         // SAFETY: as above; a change that reshapes replicated tables first locks them
         // against writers at their leaseholders (docs/ARCHITECTURE.md §8.6).
@@ -169,6 +174,8 @@ unsafe extern "C-unwind" fn process_utility(
             ),
         });
     }
+    // SAFETY: as above; the statement ran (an ALTER SEQUENCE … RESTART is recorded).
+    unsafe { crate::sequences::after_utility(&*pstmt) };
     if let Some(ddl) = replicate {
         crate::regions::replicate_ddl(ddl);
     }
@@ -275,4 +282,5 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
 unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     crate::rewrite::forget(relid);
     crate::replication::forget(relid);
+    crate::sequences::forget(relid);
 }

@@ -17,6 +17,7 @@ mod replication;
 mod rewrite;
 mod ri;
 mod routing;
+mod sequences;
 mod sidecar;
 
 use error::MrError;

@@ -182,6 +182,7 @@ unsafe extern "C-unwind" fn xact_callback(
             }
             // Schema first: the rows below carry its version, which replicas wait for.
             let schema = crate::regions::pre_commit().or_raise();
+            crate::sequences::pre_commit().or_raise();
             crate::routing::pre_commit().or_raise();
             replicate(None).or_raise();
             if let Some((database, version)) = schema {
@@ -208,6 +209,7 @@ unsafe extern "C-unwind" fn xact_callback(
         }
         XACT_EVENT_ABORT => {
             crate::regions::schema_at_end();
+            crate::sequences::at_end();
             crate::routing::at_end(true);
             let t = TXN.with(|t| std::mem::take(&mut *t.borrow_mut()));
             for (range_id, index) in t.replicated {
@@ -224,6 +226,7 @@ unsafe extern "C-unwind" fn xact_callback(
         }
         XACT_EVENT_COMMIT | XACT_EVENT_PREPARE => {
             crate::regions::schema_at_end();
+            crate::sequences::at_end();
             crate::routing::at_end(false);
             TXN.with(|t| *t.borrow_mut() = Txn::default());
         }
@@ -253,6 +256,7 @@ unsafe extern "C-unwind" fn subxact_callback(
             }
             SUBXACT_EVENT_ABORT_SUB => {
                 crate::regions::schema_sub_aborted(my);
+                crate::sequences::sub_aborted(my);
                 if let Some(n) = t.marks.pop() {
                     t.changes.truncate(n);
                 }

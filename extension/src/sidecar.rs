@@ -257,6 +257,38 @@ pub fn replication_enabled() -> Result<bool, MrError> {
     }
 }
 
+/// What a draw from a sequence's cluster-wide counter gave.
+pub enum Draw {
+    /// `first, first + increment, …`, `count` of them.
+    Values { first: i64, count: u64 },
+    /// The sequence is at this bound and does not cycle.
+    Limit(i64),
+    /// Row replication is off: each node's sequences are its own.
+    NotReplicated,
+}
+
+/// Draws from a sequence's counter in the meta group (docs/ARCHITECTURE.md §8.3).
+pub fn next_sequence_values(req: LocalRequest) -> Result<Draw, MrError> {
+    match call_meta(req) {
+        Ok(LocalResponse::SequenceValues { first, count }) => Ok(Draw::Values { first, count }),
+        Ok(LocalResponse::SequenceLimit { limit }) => Ok(Draw::Limit(limit)),
+        Ok(LocalResponse::NotReplicated) => Ok(Draw::NotReplicated),
+        Ok(other) => Err(unexpected("next_sequence_values", &other)),
+        // A draw that may have committed only leaves a gap: drawing again is safe.
+        Err(MrError::Ambiguous(m)) => Err(MrError::Retryable(m)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sets sequences' counters now; false while row replication is off.
+pub fn change_sequences(changes: Vec<mr_meta::sequence::SequenceChange>) -> Result<bool, MrError> {
+    match call_meta(LocalRequest::ChangeSequences { changes })? {
+        LocalResponse::Done => Ok(true),
+        LocalResponse::NotReplicated => Ok(false),
+        other => Err(unexpected("change_sequences", &other)),
+    }
+}
+
 /// Tells pgmr that a replicated transaction did not commit here.
 pub fn abandon_txn(range_id: u64, index: u64) -> Result<(), MrError> {
     let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
@@ -463,6 +495,8 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Nodes { .. } => "nodes",
         LocalResponse::MetaGroup(_) => "meta_group",
         LocalResponse::Done => "done",
+        LocalResponse::SequenceValues { .. } => "sequence_values",
+        LocalResponse::SequenceLimit { .. } => "sequence_limit",
         LocalResponse::ClusterSettings { .. } => "cluster_settings",
         LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",

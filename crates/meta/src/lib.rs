@@ -19,6 +19,7 @@
 mod liveness;
 mod model;
 pub mod placement;
+pub mod sequence;
 pub mod snapshot;
 mod state;
 

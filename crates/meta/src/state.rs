@@ -1,6 +1,7 @@
 //! Commands and their deterministic application.
 
 use crate::model::*;
+use crate::sequence::{SequenceBlock, SequenceChange, SequenceParams, SequenceValue};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -115,6 +116,10 @@ pub enum Command {
         /// ([`MetaState::key_seed`]).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         key_seeds: Vec<(TableRef, TableRef)>,
+        /// What the change does to sequences' counters (drops, renames, restarts), applied
+        /// with it: a transaction rolled back changes none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        sequences: Vec<SequenceChange>,
     },
     /// `CREATE DATABASE`: the database is cluster-wide from now on (an empty schema log, for
     /// which every node creates its copy); nothing if it has a schema log already.
@@ -133,6 +138,19 @@ pub enum Command {
     DatabaseDropped {
         database: String,
         node_id: NodeId,
+    },
+    /// Draws a block of up to `count` values from a sequence's counter
+    /// ([`crate::sequence::allocate`]); a sequence without one starts from `initial`, the
+    /// drawing node's copy of its relation.
+    NextSequenceValues {
+        sequence: TableRef,
+        params: SequenceParams,
+        initial: SequenceValue,
+        count: u64,
+    },
+    /// `setval` and the like, outside a schema change ([`Command::SchemaChange::sequences`]).
+    ChangeSequences {
+        changes: Vec<SequenceChange>,
     },
     /// A node has applied its database's schema changes up to `version` to its PostgreSQL.
     SchemaApplied {
@@ -312,6 +330,14 @@ pub enum Outcome {
     SchemaVersion {
         version: u64,
     },
+    /// The values a [`Command::NextSequenceValues`] drew.
+    SequenceValues {
+        block: SequenceBlock,
+    },
+    /// A [`Command::NextSequenceValues`] found its sequence at its bound (no `CYCLE`).
+    SequenceLimit {
+        limit: i64,
+    },
     Rejected {
         error: MetaError,
     },
@@ -367,6 +393,10 @@ pub struct MetaState {
     /// in the catalog. Added in snapshot format 6; empty when read from older formats.
     #[serde(default, with = "pairs")]
     key_seeds: BTreeMap<TableRef, TableRef>,
+    /// Each cluster-wide sequence's counter, once drawn from or set (docs/ARCHITECTURE.md
+    /// §8.3). Added in snapshot format 7; empty when read from older formats.
+    #[serde(default, with = "pairs")]
+    sequences: BTreeMap<TableRef, SequenceValue>,
 }
 
 impl MetaState {
@@ -402,6 +432,10 @@ impl MetaState {
     /// leaseholder's copy, as the table's partitions do (docs/ARCHITECTURE.md §8.2).
     pub fn key_seed(&self, t: &TableRef) -> Option<&TableRef> {
         self.key_seeds.get(t)
+    }
+    /// Every sequence's counter, by sequence.
+    pub fn sequences(&self) -> impl Iterator<Item = (&TableRef, &SequenceValue)> {
+        self.sequences.iter()
     }
     pub fn range(&self, id: RangeId) -> Option<&RangeDescriptor> {
         self.ranges.get(&id)
@@ -742,17 +776,47 @@ impl MetaState {
                 tables,
                 fenced,
                 key_seeds,
-            } => self.schema_change(
-                database,
-                *expected_version,
-                change,
-                config.as_ref(),
-                localities,
-                *at_ms,
-                tables.as_deref(),
-                fenced,
-                key_seeds,
-            ),
+                sequences,
+            } => {
+                if let Some(c) = sequences.iter().find(|c| c.database() != database) {
+                    return Err(MetaError::SchemaWrongDatabase {
+                        database: database.clone(),
+                        other: c.database().to_string(),
+                    });
+                }
+                let outcome = self.schema_change(
+                    database,
+                    *expected_version,
+                    change,
+                    config.as_ref(),
+                    localities,
+                    *at_ms,
+                    tables.as_deref(),
+                    fenced,
+                    key_seeds,
+                )?;
+                self.change_sequences(sequences);
+                Ok(outcome)
+            }
+            Command::NextSequenceValues {
+                sequence,
+                params,
+                initial,
+                count,
+            } => {
+                let state = self.sequences.get(sequence).copied().unwrap_or(*initial);
+                match crate::sequence::allocate(state, params, *count) {
+                    Ok((block, next)) => {
+                        self.sequences.insert(sequence.clone(), next);
+                        Ok(Outcome::SequenceValues { block })
+                    }
+                    Err(l) => Ok(Outcome::SequenceLimit { limit: l.limit }),
+                }
+            }
+            Command::ChangeSequences { changes } => {
+                self.change_sequences(changes);
+                Ok(Outcome::Done)
+            }
             Command::CreateDatabase { database } => {
                 self.schemas.entry(database.clone()).or_default();
                 Ok(Outcome::Done)
@@ -898,11 +962,37 @@ impl MetaState {
 }
 
 impl MetaState {
+    fn change_sequences(&mut self, changes: &[SequenceChange]) {
+        for c in changes {
+            match c {
+                SequenceChange::Set { sequence, value } => {
+                    self.sequences.insert(sequence.clone(), *value);
+                }
+                SequenceChange::Drop { sequence } => {
+                    self.sequences.remove(sequence);
+                }
+                SequenceChange::Move { moves } => {
+                    let taken: Vec<_> = moves
+                        .iter()
+                        .map(|(from, to)| (to, self.sequences.remove(from)))
+                        .collect();
+                    for (to, v) in taken {
+                        match v {
+                            Some(v) => self.sequences.insert(to.clone(), v),
+                            None => self.sequences.remove(to),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
     /// Forgets a dropped database's tables and ranges (its schema log stays: a database
     /// created again under the name continues it).
     fn drop_database_data(&mut self, database: &str) {
         self.catalog.remove(database);
         self.key_seeds.retain(|k, _| k.database != database);
+        self.sequences.retain(|k, _| k.database != database);
         let gone: Vec<RangeId> = self
             .ranges
             .values()

@@ -1,5 +1,6 @@
 //! Properties of the metadata state machine that replication relies on.
 
+use mr_meta::sequence::{SequenceChange, SequenceParams, SequenceValue};
 use mr_meta::snapshot;
 use mr_meta::*;
 use std::collections::BTreeSet;
@@ -370,8 +371,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 7, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 7 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 8, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 8 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -445,6 +446,7 @@ fn schema_change(
         tables: None,
         fenced: vec![],
         key_seeds: vec![],
+        sequences: vec![],
     }
 }
 
@@ -514,6 +516,7 @@ fn schema_changes_are_compare_and_set_on_the_version() {
         tables: None,
         fenced: vec![],
         key_seeds: vec![],
+        sequences: vec![],
     };
     assert_eq!(
         propose(&mut s, 5, other),
@@ -700,7 +703,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 6);
+    assert_eq!(snapshot::FORMAT, 7);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
@@ -1220,4 +1223,118 @@ fn a_change_that_reshapes_a_table_fences_only_that_tables_older_rows() {
     let old = r#"{"version":1,"at_ms":5,"change":"x"}"#;
     let old: mr_meta::SchemaChange = serde_json::from_str(old).unwrap();
     assert!(old.fenced.is_empty());
+}
+
+fn seq(name: &str) -> TableRef {
+    TableRef {
+        database: "movr".into(),
+        schema: "public".into(),
+        table: name.into(),
+    }
+}
+
+fn draw(name: &str, count: u64, initial: i64) -> Command {
+    Command::NextSequenceValues {
+        sequence: seq(name),
+        params: SequenceParams {
+            start: 1,
+            increment: 1,
+            min: 1,
+            max: 10,
+            cycle: false,
+        },
+        initial: SequenceValue {
+            last: initial,
+            is_called: false,
+        },
+        count,
+    }
+}
+
+fn first_of(o: Outcome) -> (i64, u64) {
+    match o {
+        Outcome::SequenceValues { block } => (block.first, block.count),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A sequence's counter starts from the first drawer's copy, then only moves forward
+/// however many nodes draw; a replayed proposal returns its first block again; the bound is
+/// reported, not passed.
+#[test]
+fn sequence_counters_hand_out_each_value_once_cluster_wide() {
+    let mut s = cluster();
+    assert_eq!(first_of(propose(&mut s, 1, draw("s", 3, 1))), (1, 3));
+    // Another node's copy says 1 too: the counter, not the copy, decides.
+    assert_eq!(first_of(propose(&mut s, 2, draw("s", 2, 1))), (4, 2));
+    let again = s.apply(&Proposal {
+        client: client(9),
+        seq: 2,
+        command: draw("s", 2, 1),
+    });
+    assert_eq!(first_of(again), (4, 2), "exactly once");
+    assert_eq!(first_of(propose(&mut s, 3, draw("s", 100, 1))), (6, 5));
+    assert_eq!(
+        propose(&mut s, 4, draw("s", 1, 1)),
+        Outcome::SequenceLimit { limit: 10 }
+    );
+    let (_, v) = s.sequences().next().unwrap();
+    assert_eq!(v.last, 10);
+}
+
+/// Renames move a counter, drops forget it (a new sequence under the name starts from its
+/// own copy), `setval` sets it, and a dropped database takes its counters along; a schema
+/// change that is refused changes no counter.
+#[test]
+fn sequence_counters_follow_renames_drops_and_sets() {
+    let mut s = cluster();
+    propose(&mut s, 1, draw("a", 5, 1));
+    propose(&mut s, 2, draw("b", 2, 1));
+    let mut change = schema_change(0, "rename", None, vec![]);
+    if let Command::SchemaChange { sequences, .. } = &mut change {
+        *sequences = vec![
+            SequenceChange::Move {
+                moves: vec![(seq("a"), seq("c"))],
+            },
+            SequenceChange::Drop { sequence: seq("b") },
+        ];
+    }
+    let mut stale = change.clone();
+    if let Command::SchemaChange {
+        expected_version, ..
+    } = &mut stale
+    {
+        *expected_version = 7;
+    }
+    assert!(matches!(
+        propose(&mut s, 3, stale),
+        Outcome::Rejected { .. }
+    ));
+    assert_eq!(s.sequences().count(), 2, "a refused change moves nothing");
+    propose(&mut s, 4, change);
+    assert_eq!(first_of(propose(&mut s, 5, draw("c", 1, 1))), (6, 1));
+    assert_eq!(first_of(propose(&mut s, 6, draw("b", 1, 1))), (1, 1));
+    propose(
+        &mut s,
+        7,
+        Command::ChangeSequences {
+            changes: vec![SequenceChange::Set {
+                sequence: seq("c"),
+                value: SequenceValue {
+                    last: 2,
+                    is_called: false,
+                },
+            }],
+        },
+    );
+    assert_eq!(first_of(propose(&mut s, 8, draw("c", 1, 1))), (2, 1));
+    propose(
+        &mut s,
+        9,
+        Command::ForgetDatabase {
+            database: "movr".into(),
+            node_id: 1,
+        },
+    );
+    assert_eq!(s.sequences().count(), 0);
 }

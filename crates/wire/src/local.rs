@@ -75,6 +75,24 @@ pub enum LocalRequest {
         /// their ranges start from its range's rows ([`mr_meta::MetaState::key_seed`]).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         key_seeds: Vec<(TableRef, TableRef)>,
+        /// What the change does to sequences' counters, committed with it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        sequences: Vec<mr_meta::sequence::SequenceChange>,
+    },
+    /// Draws up to `count` values from a sequence's cluster-wide counter, which starts from
+    /// `initial` if it has none: [`LocalResponse::SequenceValues`],
+    /// [`LocalResponse::SequenceLimit`], or [`LocalResponse::NotReplicated`] while row
+    /// replication is off (each node's sequences are then its own).
+    NextSequenceValues {
+        sequence: TableRef,
+        params: mr_meta::sequence::SequenceParams,
+        initial: mr_meta::sequence::SequenceValue,
+        count: u64,
+    },
+    /// Changes sequences' counters now (`setval`): [`LocalResponse::Done`], or
+    /// [`LocalResponse::NotReplicated`] while row replication is off.
+    ChangeSequences {
+        changes: Vec<mr_meta::sequence::SequenceChange>,
     },
     /// Waits until every live node other than this one has applied `database`'s schema up
     /// to `version`: [`LocalResponse::Done`], or after `timeout_ms` an error naming the
@@ -567,6 +585,15 @@ pub enum LocalResponse {
     MetaGroup(MetaGroup),
     /// A metadata write committed.
     Done,
+    /// Values `first, first + increment, …` drawn from a sequence, `count` of them.
+    SequenceValues {
+        first: i64,
+        count: u64,
+    },
+    /// The sequence is at `limit`, its bound, and does not cycle.
+    SequenceLimit {
+        limit: i64,
+    },
     ClusterSettings {
         settings: Vec<(String, String)>,
     },
@@ -950,6 +977,7 @@ mod tests {
             fenced: vec![],
             notify: vec![],
             key_seeds: vec![],
+            sequences: vec![],
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(

@@ -450,6 +450,7 @@ fn rebuild(shape: &Shape, layout: &Layout<'_>) -> Result<Oid, MrError> {
             ));
         }
     }
+    let mut renamed_sequences: Vec<(String, String)> = Vec::new();
     for column in &shape.identity_columns {
         let seq = |table: &str| {
             one(
@@ -458,10 +459,21 @@ fn rebuild(shape: &Shape, layout: &Layout<'_>) -> Result<Oid, MrError> {
             )
         };
         if let (Some(old), Some(new)) = (seq(&shape.qualified), seq(&temp)) {
-            run(&format!(
-                "SELECT pg_catalog.setval({}::regclass, last_value, is_called) FROM {old}",
-                lit(&new)
-            ));
+            // This node's copy only: the cluster-wide counter stays the old sequence's, as
+            // the new one takes its name below.
+            crate::sequences::local_only(|| {
+                run(&format!(
+                    "SELECT pg_catalog.setval({}::regclass, last_value, is_called) FROM {old}",
+                    lit(&new)
+                ))
+            });
+            let old_name = one(
+                "SELECT relname::text FROM pg_catalog.pg_class WHERE oid = $1::regclass",
+                vec![old.as_str().into()],
+            );
+            if let Some(old_name) = old_name {
+                renamed_sequences.push((new, old_name));
+            }
         }
     }
     for grant in &shape.grants {
@@ -481,6 +493,20 @@ fn rebuild(shape: &Shape, layout: &Layout<'_>) -> Result<Oid, MrError> {
         shape.qualified,
         ident(&shape.owner)
     ));
+    // An identity column's new sequence takes the old one's name (free since the old table
+    // was dropped), and with it the old one's cluster-wide counter (crate::sequences).
+    for (new, old_name) in &renamed_sequences {
+        let current = one(
+            "SELECT relname::text FROM pg_catalog.pg_class WHERE oid = $1::regclass",
+            vec![new.as_str().into()],
+        );
+        if current.as_deref() != Some(old_name.as_str()) {
+            run(&format!(
+                "ALTER SEQUENCE {new} RENAME TO {}",
+                ident(old_name)
+            ));
+        }
+    }
     let new = one(
         "SELECT $1::regclass::oid::text",
         vec![shape.qualified.as_str().into()],

@@ -189,6 +189,7 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
         })
         .collect();
     let key_seeds = key_seeds(&database, &localities);
+    let sequences = crate::sequences::at_commit(&database);
     let (fenced, notify) = super::fence::take();
     let new = sidecar::propose_schema_change(mr_wire::local::LocalRequest::ProposeSchemaChange {
         database: database.clone(),
@@ -200,6 +201,7 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
         fenced,
         notify,
         key_seeds,
+        sequences,
     })?;
     PROPOSED.with(|p| p.set(Some(new)));
     Ok(Some((database, new)))
@@ -300,9 +302,8 @@ fn apply(version: i64, change: &str) -> Result<(), MrError> {
         Err(_) => vec![serde_json::from_str::<ChangeRecord>(change)
             .map_err(|e| MrError::BadChange(e.to_string()))?],
     };
-    for record in records {
-        apply_record(&record)?;
-    }
+    crate::sequences::applying(|| records.iter().try_for_each(apply_record))?;
+    crate::sequences::after_apply();
     let (_, now) = catalog::load(false);
     if now != version {
         // The statement changed nothing here (e.g. IF NOT EXISTS found it done): record it.
