@@ -83,6 +83,51 @@ async fn latencies(c: &mut PgConnection, sql: &str) -> Vec<f64> {
     out
 }
 
+/// Sequences (docs/ARCHITECTURE.md §8.3): a `CACHE 1` draw is one meta-group write, on top
+/// of the insert's own quorum; `CACHE 100` pays it once per hundred rows.
+async fn sequences(nodes: &[Node], b: &mut PgConnection) {
+    for sql in [
+        "CREATE TABLE ev (id bigint PRIMARY KEY, v int NOT NULL)",
+        "CREATE TABLE ev_serial (id bigserial PRIMARY KEY, v int NOT NULL)",
+        "CREATE SEQUENCE ev_cached CACHE 100",
+        "CREATE TABLE ev_cached (id bigint PRIMARY KEY DEFAULT nextval('ev_cached'), v int NOT NULL)",
+    ] {
+        exec(b, sql).await;
+    }
+    for (table, insert, what, floor) in [
+        (
+            "ev",
+            "INSERT INTO ev VALUES ($1, 0)",
+            "INSERT with an explicit key, on the leaseholder",
+            "2 ms (intra-region quorum RTT)",
+        ),
+        (
+            "ev_serial",
+            "INSERT INTO ev_serial (v) VALUES ($1)",
+            "INSERT with a bigserial key (CACHE 1), on the leaseholder",
+            "4 ms (+ a meta-group write, quorum in us-east1)",
+        ),
+        (
+            "ev_cached",
+            "INSERT INTO ev_cached (v) VALUES ($1)",
+            "INSERT with a CACHE 100 sequence's key, on the leaseholder",
+            "2 ms (a meta-group write per 100 rows)",
+        ),
+    ] {
+        let holder = leaseholder(&nodes[0], table).await as usize - 1;
+        let mut lh = connect_ok(&nodes[holder], "bench").await;
+        // The range's first leader and the sequence's first draw settle first.
+        let _ = sqlx::query(insert).bind(0).execute(&mut lh).await;
+        row(what, p50_p99(latencies(&mut lh, insert).await), floor);
+    }
+    let mut west = connect_ok(&nodes[3], "bench").await;
+    row(
+        "nextval() of a CACHE 1 sequence through the us-west1 node",
+        p50_p99(latencies(&mut west, "SELECT nextval('ev_serial_id_seq') + $1").await),
+        "63 ms (RTT to the meta leader, in us-east1)",
+    );
+}
+
 /// Latencies (ms) of `OPS` runs of `sql` through the simple query protocol (psql's and
 /// psycopg2's), with `{}` replaced by a key in 1..=1000.
 async fn latencies_simple(c: &mut PgConnection, sql: &str) -> Vec<f64> {
@@ -561,6 +606,7 @@ async fn main() {
     );
     let east = two_phase(&nodes, &mut b).await;
     several_leaseholders(&nodes, &mut b, east).await;
+    sequences(&nodes, &mut b).await;
     println!();
     // Bulk loads: one transaction of about 15 MB of rows, split into 1 MiB Raft entries.
     let bulk_holder = leaseholder(&nodes[0], "bulk").await as usize - 1;

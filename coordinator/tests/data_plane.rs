@@ -3020,7 +3020,8 @@ async fn value_on(node: &Node, sql: &str) -> i64 {
 /// inserts at once (each node drew from its own copy before: the same ids, and 23505 from
 /// the key's global uniqueness); `nextval` through the nodes in turn climbs; and renames,
 /// `setval`, `ALTER SEQUENCE … RESTART`, a drop and re-create, and `TRUNCATE … RESTART
-/// IDENTITY` on one node are what the next draw on another node sees.
+/// IDENTITY` on one node are what the next draw on another node sees. A COPY that leaves
+/// the key to its default draws from the counter as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_hands_out_each_value_once_through_every_node() {
     let dir = scratch("data-sequence-counter");
@@ -3048,14 +3049,26 @@ async fn a_sequence_hands_out_each_value_once_through_every_node() {
         }
     });
     futures::future::join_all(inserts).await;
-    let sql = "SELECT count(*) - count(DISTINCT id) FROM orders";
+    let distinct = "SELECT count(*) - count(DISTINCT id) FROM orders";
     assert_eq!(value_on(&nodes[0], "SELECT count(*) FROM orders").await, 63);
-    assert_eq!(value_on(&nodes[0], sql).await, 0, "every id distinct");
-    assert_eq!(
-        value_on(&nodes[2], "SELECT max(id) FROM orders").await,
-        63,
-        "dense"
-    );
+    assert_eq!(value_on(&nodes[0], distinct).await, 0, "every id distinct");
+    let max = "SELECT max(id) FROM orders";
+    assert_eq!(value_on(&nodes[2], max).await, 63, "dense");
+    // COPY fills the key from the counter too (its defaults bypass the planner).
+    let mut w = eventually("database mr", Duration::from_secs(30), || {
+        connect(&nodes[1], "mr")
+    })
+    .await;
+    let mut copy = w
+        .copy_in_raw("COPY orders (note) FROM STDIN")
+        .await
+        .unwrap();
+    copy.send("c1\nc2\nc3\n".as_bytes()).await.unwrap();
+    assert_eq!(copy.finish().await.unwrap(), 3);
+    exec(&mut m, "INSERT INTO orders (note) VALUES ('last')").await;
+    assert_eq!(value_on(&nodes[0], "SELECT count(*) FROM orders").await, 67);
+    assert_eq!(value_on(&nodes[0], distinct).await, 0, "every id distinct");
+    assert!(value_on(&nodes[2], max).await > 66, "past the COPY's");
 
     let mut last = 0;
     for round in 0..2 {
@@ -3093,10 +3106,6 @@ async fn a_sequence_hands_out_each_value_once_through_every_node() {
         "created again"
     );
 
-    let mut w = eventually("database mr", Duration::from_secs(30), || {
-        connect(&nodes[1], "mr")
-    })
-    .await;
     exec(&mut w, "TRUNCATE orders RESTART IDENTITY").await;
     assert_eq!(
         value_on(

@@ -35,6 +35,10 @@ struct Scope {
     /// whole to such a table's leaseholder instead).
     whole_tables: bool,
     moved: BTreeMap<Partition, Vec<String>>,
+    /// A COPY's table, and its columns that take a sequence's value by default (not listed
+    /// by the COPY): PostgreSQL drew those from this node's copy of the sequence, and this
+    /// trigger draws them again from the cluster-wide counter (crate::sequences).
+    sequence_defaults: Option<(String, String, Vec<(String, pg_sys::Oid)>)>,
 }
 
 thread_local! {
@@ -61,6 +65,15 @@ pub fn collect_copy() -> Collecting {
     scope(None, true)
 }
 
+/// The COPY being collected fills `columns` of `schema.table` from their sequences.
+pub fn draw_defaults(schema: String, table: String, columns: Vec<(String, pg_sys::Oid)>) {
+    SCOPES.with(|s| {
+        if let Some(sc) = s.borrow_mut().last_mut() {
+            sc.sequence_defaults = Some((schema, table, columns));
+        }
+    });
+}
+
 fn scope(refuse: Option<&'static str>, whole_tables: bool) -> Collecting {
     let depth = SCOPES.with(|s| {
         let mut s = s.borrow_mut();
@@ -69,6 +82,7 @@ fn scope(refuse: Option<&'static str>, whole_tables: bool) -> Collecting {
             refuse,
             whole_tables,
             moved: BTreeMap::new(),
+            sequence_defaults: None,
         });
         s.len()
     });
@@ -135,7 +149,7 @@ pub fn leased_here(p: &Partition) -> bool {
 pub fn route_row<'a>(
     trigger: &'a pgrx::PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, pgrx::AllocatedByPostgres>>, PgHeapTupleError> {
-    let new = trigger.new();
+    let mut new = trigger.new();
     if SCOPES.with(|s| s.borrow().is_empty()) {
         return Ok(new);
     }
@@ -151,6 +165,26 @@ pub fn route_row<'a>(
     let Some(partition) = range else {
         return Ok(new);
     };
+    let mut tuple = td.tg_trigtuple;
+    let defaults = SCOPES.with(|s| {
+        s.borrow().last().and_then(|sc| {
+            sc.sequence_defaults
+                .as_ref()
+                .filter(|(schema, table, _)| *schema == partition.0 && *table == partition.1)
+                .map(|(_, _, columns)| columns.clone())
+        })
+    });
+    if let Some(columns) = defaults {
+        // SAFETY: the trigger's new tuple and its open relation; the replacement is built in
+        // the trigger's memory context, which PostgreSQL frees after the row.
+        unsafe {
+            tuple = crate::sequences::draw_into(td.tg_relation, tuple, &columns);
+            new = Some(PgHeapTuple::from_heap_tuple(
+                pgrx::PgTupleDesc::from_pg_unchecked((*td.tg_relation).rd_att),
+                tuple,
+            ));
+        }
+    }
     let known = SCOPES.with(|s| {
         s.borrow()
             .last()
@@ -188,7 +222,7 @@ pub fn route_row<'a>(
     // the current memory context and read by SPI before the trigger returns.
     let row: String = unsafe {
         let rel = td.tg_relation;
-        let datum = pg_sys::heap_copy_tuple_as_datum(td.tg_trigtuple, (*rel).rd_att);
+        let datum = pg_sys::heap_copy_tuple_as_datum(tuple, (*rel).rd_att);
         let arg = pgrx::datum::DatumWithOid::new(datum, (*(*rel).rd_rel).reltype);
         Spi::get_one_with_args::<String>("SELECT pg_catalog.to_jsonb($1)::text", &[arg])
             .ok()

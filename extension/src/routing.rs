@@ -930,6 +930,12 @@ pub unsafe fn copy_from(
         return;
     }
     let collecting = crate::moved::collect_copy();
+    // SAFETY: checked above to be a CopyStmt with a relation.
+    if let Some((schema, table, columns)) =
+        unsafe { crate::sequences::copy_defaults(&*(node as *mut pg_sys::CopyStmt)) }
+    {
+        crate::moved::draw_defaults(schema, table, columns);
+    }
     run();
     let moved = collecting.finish();
     if !moved.is_empty() {

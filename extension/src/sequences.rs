@@ -15,8 +15,9 @@
 //! counters follow it atomically ([`at_commit`]); every other node brings its copy of the
 //! table up to date when it applies the change ([`after_apply`]).
 //!
-//! Not covered: `COPY FROM` evaluates column defaults without the planner, so it draws from
-//! this node's copy (as before); sequences drawn while row replication is off are per node.
+//! `COPY FROM` evaluates column defaults without the planner: the routing trigger draws a
+//! COPY's defaulted serial and identity columns again ([`copy_defaults`], [`draw_into`]).
+//! Sequences drawn while row replication is off are per node.
 
 use crate::error::{MrError, OrRaise};
 use crate::gucs;
@@ -927,5 +928,136 @@ pub unsafe fn after_utility(pstmt: &pg_sys::PlannedStmt) {
             }
             _ => {}
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// COPY: column defaults are evaluated without the planner.
+
+/// For a `COPY … FROM` with a column list: its table, and the columns it leaves to a
+/// default that is just a cluster-wide sequence's `nextval` (serial, identity), with that
+/// sequence. PostgreSQL draws those from this node's copy; the routing trigger then draws
+/// each row's value again from the counter ([`draw_into`]).
+///
+/// # Safety
+/// `stmt` is a valid COPY FROM statement with a relation.
+#[allow(unsafe_code)]
+pub unsafe fn copy_defaults(
+    stmt: &pg_sys::CopyStmt,
+) -> Option<(String, String, Vec<(String, pg_sys::Oid)>)> {
+    if stmt.attlist.is_null() || LOCAL_ONLY.with(|l| l.get()) {
+        return None;
+    }
+    // SAFETY: per the contract; the column list holds String nodes.
+    let listed: Vec<String> = unsafe { nodes(stmt.attlist) }
+        .into_iter()
+        .filter_map(|n| {
+            // SAFETY: a String node's NUL-terminated value.
+            unsafe {
+                (!n.is_null() && (*n).type_ == pg_sys::NodeTag::T_String).then(|| {
+                    std::ffi::CStr::from_ptr((*(n as *mut pg_sys::String)).sval)
+                        .to_string_lossy()
+                        .into_owned()
+                })
+            }
+        })
+        .collect();
+    // SAFETY: per the contract.
+    let relid = unsafe { crate::regions::catalog::relid_of(stmt.relation) }?;
+    let rows = spi::read_rows(
+        "SELECT n.nspname::text, c.relname::text, a.attname::text, s.oid::text \
+           FROM pg_catalog.pg_attribute a \
+           JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+           CROSS JOIN LATERAL ( \
+             SELECT d.refobjid AS oid FROM pg_catalog.pg_attrdef ad \
+               JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_attrdef'::regclass \
+                AND d.objid = ad.oid AND d.refclassid = 'pg_catalog.pg_class'::regclass \
+              WHERE ad.adrelid = a.attrelid AND ad.adnum = a.attnum \
+                AND pg_catalog.pg_get_expr(ad.adbin, ad.adrelid) ~ '^nextval\\(''[^'']*''::regclass\\)$' \
+             UNION ALL \
+             SELECT pg_catalog.pg_get_serial_sequence(a.attrelid::regclass::text, a.attname)::regclass::oid \
+              WHERE a.attidentity <> '') s \
+           JOIN pg_catalog.pg_class q ON q.oid = s.oid AND q.relkind = 'S' AND q.relpersistence = 'p' \
+          WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped",
+        vec![relid.into()],
+    );
+    let mut table = None;
+    let columns: Vec<(String, pg_sys::Oid)> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let schema = r.first()?.clone()?;
+            let name = r.get(1)?.clone()?;
+            let column = r.get(2)?.clone()?;
+            let seq = r.get(3)?.as_deref()?.parse::<u32>().ok()?;
+            table = Some((schema, name));
+            (!listed.contains(&column)).then(|| (column, pg_sys::Oid::from(seq)))
+        })
+        .collect();
+    let (schema, name) = table?;
+    (!columns.is_empty()).then_some((schema, name, columns))
+}
+
+/// A copy of `tuple` (a row of `rel`) with each of `columns` drawn from its sequence.
+///
+/// # Safety
+/// `rel` is the open relation `tuple` belongs to, in a trigger's context.
+#[allow(unsafe_code)]
+pub unsafe fn draw_into(
+    rel: pg_sys::Relation,
+    tuple: pg_sys::HeapTuple,
+    columns: &[(String, pg_sys::Oid)],
+) -> pg_sys::HeapTuple {
+    let mut cols = Vec::new();
+    let mut values = Vec::new();
+    let mut nulls = Vec::new();
+    for (column, seq) in columns {
+        let Ok(name) = std::ffi::CString::new(column.as_str()) else {
+            continue;
+        };
+        // SAFETY: per the contract; the attribute is looked up by name in the relation's
+        // own descriptor, whose type decides the width of the value.
+        unsafe {
+            let attno = pg_sys::get_attnum((*rel).rd_id, name.as_ptr());
+            if attno <= 0 {
+                continue;
+            }
+            let seq_rel = PgRelation::with_lock(*seq, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let v = nextval(&seq_rel).or_raise();
+            let typ = (*(*rel).rd_att)
+                .attrs
+                .as_slice((*(*rel).rd_att).natts as usize)[attno as usize - 1]
+                .atttypid;
+            let datum = match typ {
+                pg_sys::INT2OID => i16::try_from(v).ok().into_datum(),
+                pg_sys::INT4OID => i32::try_from(v).ok().into_datum(),
+                _ => v.into_datum(),
+            };
+            let Some(datum) = datum else {
+                MrError::SequenceLimit {
+                    sequence: seq_rel.name().to_string(),
+                    limit: v,
+                    ascending: v > 0,
+                }
+                .raise()
+            };
+            cols.push(attno as i32);
+            values.push(datum);
+            nulls.push(false);
+        }
+    }
+    if cols.is_empty() {
+        return tuple;
+    }
+    // SAFETY: per the contract; the arrays have one entry per replaced column.
+    unsafe {
+        pg_sys::heap_modify_tuple_by_cols(
+            tuple,
+            (*rel).rd_att,
+            cols.len() as i32,
+            cols.as_mut_ptr(),
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        )
     }
 }

@@ -44,6 +44,14 @@ BEGIN;
 ALTER SEQUENCE s_renamed RESTART WITH 500;
 ROLLBACK;
 SELECT nextval('s_renamed');
+-- COPY evaluates defaults without the planner: its rows' keys are drawn again from the
+-- counter, so they continue where the INSERTs left off.
+COPY t (v) FROM STDIN;
+copy 1
+copy 2
+\.
+INSERT INTO t (v) VALUES ('after copy') RETURNING id;
+SELECT id, v FROM t WHERE id > 1002 ORDER BY id;
 TRUNCATE t RESTART IDENTITY;
 INSERT INTO t (v) VALUES ('after truncate') RETURNING id;
 
