@@ -38,7 +38,7 @@ struct Scope {
     /// A COPY's table, and its columns that take a sequence's value by default (not listed
     /// by the COPY): PostgreSQL drew those from this node's copy of the sequence, and this
     /// trigger draws them again from the cluster-wide counter (crate::sequences).
-    sequence_defaults: Option<(String, String, Vec<(String, pg_sys::Oid)>)>,
+    sequence_defaults: Option<crate::sequences::CopyDefaults>,
 }
 
 thread_local! {
@@ -66,10 +66,10 @@ pub fn collect_copy() -> Collecting {
 }
 
 /// The COPY being collected fills `columns` of `schema.table` from their sequences.
-pub fn draw_defaults(schema: String, table: String, columns: Vec<(String, pg_sys::Oid)>) {
+pub fn draw_defaults(defaults: crate::sequences::CopyDefaults) {
     SCOPES.with(|s| {
         if let Some(sc) = s.borrow_mut().last_mut() {
-            sc.sequence_defaults = Some((schema, table, columns));
+            sc.sequence_defaults = Some(defaults);
         }
     });
 }
@@ -170,8 +170,8 @@ pub fn route_row<'a>(
         s.borrow().last().and_then(|sc| {
             sc.sequence_defaults
                 .as_ref()
-                .filter(|(schema, table, _)| *schema == partition.0 && *table == partition.1)
-                .map(|(_, _, columns)| columns.clone())
+                .filter(|d| d.schema == partition.0 && d.table == partition.1)
+                .map(|d| d.columns.clone())
         })
     });
     if let Some(columns) = defaults {

@@ -931,10 +931,8 @@ pub unsafe fn copy_from(
     }
     let collecting = crate::moved::collect_copy();
     // SAFETY: checked above to be a CopyStmt with a relation.
-    if let Some((schema, table, columns)) =
-        unsafe { crate::sequences::copy_defaults(&*(node as *mut pg_sys::CopyStmt)) }
-    {
-        crate::moved::draw_defaults(schema, table, columns);
+    if let Some(d) = unsafe { crate::sequences::copy_defaults(&*(node as *mut pg_sys::CopyStmt)) } {
+        crate::moved::draw_defaults(d);
     }
     run();
     let moved = collecting.finish();

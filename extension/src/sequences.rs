@@ -934,6 +934,14 @@ pub unsafe fn after_utility(pstmt: &pg_sys::PlannedStmt) {
 // ---------------------------------------------------------------------------------------
 // COPY: column defaults are evaluated without the planner.
 
+/// A COPY's table and the columns it leaves to a sequence's value, with their sequences.
+#[derive(Clone)]
+pub struct CopyDefaults {
+    pub schema: String,
+    pub table: String,
+    pub columns: Vec<(String, pg_sys::Oid)>,
+}
+
 /// For a `COPY … FROM` with a column list: its table, and the columns it leaves to a
 /// default that is just a cluster-wide sequence's `nextval` (serial, identity), with that
 /// sequence. PostgreSQL draws those from this node's copy; the routing trigger then draws
@@ -942,9 +950,7 @@ pub unsafe fn after_utility(pstmt: &pg_sys::PlannedStmt) {
 /// # Safety
 /// `stmt` is a valid COPY FROM statement with a relation.
 #[allow(unsafe_code)]
-pub unsafe fn copy_defaults(
-    stmt: &pg_sys::CopyStmt,
-) -> Option<(String, String, Vec<(String, pg_sys::Oid)>)> {
+pub unsafe fn copy_defaults(stmt: &pg_sys::CopyStmt) -> Option<CopyDefaults> {
     if stmt.attlist.is_null() || LOCAL_ONLY.with(|l| l.get()) {
         return None;
     }
@@ -994,8 +1000,12 @@ pub unsafe fn copy_defaults(
             (!listed.contains(&column)).then(|| (column, pg_sys::Oid::from(seq)))
         })
         .collect();
-    let (schema, name) = table?;
-    (!columns.is_empty()).then_some((schema, name, columns))
+    let (schema, table) = table?;
+    (!columns.is_empty()).then_some(CopyDefaults {
+        schema,
+        table,
+        columns,
+    })
 }
 
 /// A copy of `tuple` (a row of `rel`) with each of `columns` drawn from its sequence.
