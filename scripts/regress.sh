@@ -149,7 +149,7 @@ cluster_phase() {
     echo "== phase cluster (pgmr demo --nodes 3) =="
     run mkdir "$out"
     if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27532 \
-        --sql-port-base 17832; then
+        --sql-port-base 17832 --http-port-base 17932; then
         failed+=(cluster)
         return
     fi
@@ -197,7 +197,7 @@ gateway_phase() {
     echo "== phase gateway (pgmr demo --nodes 3, psql and pgbench on the SQL gateway) =="
     run mkdir "$out"
     if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27632 \
-        --sql-port-base "$sql_port"; then
+        --sql-port-base "$sql_port" --http-port-base 27732; then
         failed+=(gateway)
         return
     fi

@@ -9,7 +9,8 @@ sudo_() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 say() { printf '==> %s\n' "$*" >&2; }
 
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config gcc make libc6-dev ca-certificates python3 python3-venv; do
+# chromium (headless) and a font: the console tests render every page and save screenshots.
+for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config gcc make libc6-dev ca-certificates python3 python3-venv chromium fonts-dejavu-core; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -146,6 +146,10 @@ pub struct StartArgs {
     /// --listen, port 26257).
     #[arg(long, value_parser = parse_host_port)]
     pub sql_listen: Option<String>,
+    /// Address of the DB Console and /metrics (HOST:PORT; defaults to the host of --listen,
+    /// port 8080). Bound to loopback unless given another host.
+    #[arg(long, value_parser = parse_host_port)]
+    pub http_listen: Option<String>,
     /// PEM certificate chain the SQL gateway offers over TLS (with --sql-tls-key); without
     /// it, a self-signed certificate kept in DATA_DIR/sql-tls.
     #[arg(long, requires = "sql_tls_key")]
@@ -184,6 +188,9 @@ pub struct DemoArgs {
     /// First SQL gateway port; node N uses this + N - 1.
     #[arg(long, default_value_t = 26257)]
     pub sql_port_base: u16,
+    /// First console (HTTP) port; node N uses this + N - 1.
+    #[arg(long, default_value_t = 8080)]
+    pub http_port_base: u16,
     /// First RPC port; node N uses this + N - 1. Below the ephemeral port range, clear of the
     /// SQL gateway's 26257 and up.
     #[arg(long, default_value_t = 26357)]

@@ -88,6 +88,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             let rpc_addr = format!("127.0.0.1:{}", args.rpc_port_base as usize + i);
             let pg_port = args.pg_port_base + i as u16;
             let sql_port = args.sql_port_base + i as u16;
+            let http_port = args.http_port_base + i as u16;
             let log = fs::File::create(data_dir.join("pgmr.log"))?;
             let mut cmd = Command::new(&exe);
             cmd.arg("start")
@@ -103,6 +104,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                 .arg(pg_port.to_string())
                 .arg("--sql-listen")
                 .arg(format!("127.0.0.1:{sql_port}"))
+                .arg("--http-listen")
+                .arg(format!("127.0.0.1:{http_port}"))
                 .arg("--pg-user")
                 .arg(&args.pg_user)
                 .args(["--die-with-parent", "--ephemeral"]);

@@ -10,6 +10,7 @@ mod cli;
 mod demo;
 mod failpoint;
 mod gateway;
+mod http;
 mod identity;
 mod local;
 mod membership;
@@ -19,6 +20,7 @@ mod node;
 mod postgres;
 mod range;
 mod schema;
+mod stats;
 mod status;
 
 use clap::Parser;

@@ -84,6 +84,11 @@ pub async fn run(args: StartArgs) -> Result<()> {
         tls_key: args.sql_tls_key.clone(),
     };
     let sql_listener = crate::gateway::bind(&gateway_cfg).await?;
+    let http_addr = args.http_listen.clone().unwrap_or_else(|| {
+        let host = args.listen.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+        format!("{host}:8080")
+    });
+    let http_listener = crate::http::bind(&http_addr).await?;
     let gateway = crate::gateway::Gateway::new(pg_cfg.clone(), &gateway_cfg)?;
     pg_cfg.stop_orphan().await?;
     pg_cfg.check_port()?;
@@ -218,11 +223,17 @@ pub async fn run(args: StartArgs) -> Result<()> {
     let supervisor = postgres::start(pg_cfg, node.pg.clone(), stop.clone()).await?;
     let _ = node.gateway.set(gateway.clone());
     tokio::spawn(gateway.serve(sql_listener, stop.clone()));
+    tokio::spawn(crate::http::serve(
+        node.clone(),
+        http_listener,
+        stop.clone(),
+    ));
     tracing::info!(
         node_id = node.id(),
         rpc = %advertise,
         socket = %data.socket().display(),
         sql_gateway = %gateway_cfg.listen,
+        console = %http_addr,
         "node is up"
     );
 
@@ -547,6 +558,88 @@ impl Node {
     }
 
     /// Every range replica's progress: this node's own, and each other node's as it reports.
+    /// Every live node's SQL gateway statement latencies: (node id, region, windows).
+    pub async fn sql_latency(&self) -> Vec<(u64, String, Vec<mr_wire::peer::SqlWindow>)> {
+        let me = self.id();
+        let peers: Vec<(u64, String)> = self.meta().read(|s| {
+            s.nodes()
+                .filter(|n| n.node_id != me && !n.decommissioned)
+                .map(|n| (n.node_id, n.rpc_addr.clone()))
+                .collect()
+        });
+        let mut all = vec![(
+            me,
+            self.locality.region().to_string(),
+            self.gateway_stats()
+                .map(|s| s.windows())
+                .unwrap_or_default(),
+        )];
+        let asks = peers.iter().map(|(id, addr)| async move {
+            match self
+                .transport
+                .call(addr, PeerRequest::SqlLatency, Duration::from_secs(2))
+                .await
+            {
+                Ok(PeerResponse::SqlLatency { region, windows }) => Some((*id, region, windows)),
+                _ => None,
+            }
+        });
+        all.extend(futures::future::join_all(asks).await.into_iter().flatten());
+        all.sort_by_key(|(id, _, _)| *id);
+        all
+    }
+
+    /// The SQL gateway's statement statistics, once it serves.
+    pub fn gateway_stats(&self) -> Option<&crate::stats::SqlStats> {
+        self.gateway.get().map(|g| &g.stats)
+    }
+
+    /// SQL gateway sessions open now.
+    pub fn gateway_sessions(&self) -> i64 {
+        self.gateway.get().map_or(0, |g| {
+            g.sessions_open.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    /// This node's replicas' progress (no peers asked).
+    pub fn local_range_progress(&self) -> Vec<mr_wire::local::RangeProgress> {
+        self.ranges.get().map(|r| r.progress()).unwrap_or_default()
+    }
+
+    /// The meta group's Raft metrics on this node.
+    pub fn meta_metrics(&self) -> Option<openraft::RaftMetrics<u64, crate::meta::MetaNode>> {
+        self.meta.get().map(|m| m.metrics())
+    }
+
+    /// Measured round trips to the other nodes: (peer id, peer region, median ms).
+    pub fn peer_rtts(&self) -> Vec<(u64, String, f64)> {
+        let me = self.id();
+        self.membership
+            .rtt_rows()
+            .into_iter()
+            .filter(|r| r.from_node == me)
+            .filter_map(|r| Some((r.to_node, r.to_region, r.rtt_ms?)))
+            .collect()
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.id()
+    }
+
+    /// Whether the node serves: its PostgreSQL is up and it is a member, not decommissioned.
+    pub fn healthy(&self) -> bool {
+        let me = self.id();
+        self.pg.ready_pid().is_some()
+            && self
+                .meta
+                .get()
+                .is_some_and(|m| m.read(|s| s.node(me).is_some_and(|n| !n.decommissioned)))
+    }
+
+    pub fn region(&self) -> &str {
+        self.locality.region()
+    }
+
     async fn range_progress(&self) -> Vec<mr_wire::local::RangeProgress> {
         let me = self.id();
         let peers: Vec<String> = self.meta().read(|s| {
@@ -1435,6 +1528,14 @@ impl Handler for Node {
             PeerRequest::RangeProgress => {
                 let ranges = self.ranges.get().map(|r| r.progress()).unwrap_or_default();
                 Box::pin(async move { PeerResponse::RangeProgress { ranges } })
+            }
+            PeerRequest::SqlLatency => {
+                let region = self.locality.region().to_string();
+                let windows = self
+                    .gateway_stats()
+                    .map(|s| s.windows())
+                    .unwrap_or_default();
+                Box::pin(async move { PeerResponse::SqlLatency { region, windows } })
             }
             PeerRequest::MetaPropose { proposal } => {
                 Box::pin(async move { meta.serve_propose(proposal).await })

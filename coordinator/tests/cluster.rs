@@ -374,7 +374,7 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     let mut demo = Command::new(PGMR)
         .args(["demo", "--global", "--nodes", "3", "--no-shell"])
         .args(["--pg-port-base", "23100", "--rpc-port-base", "23200"])
-        .args(["--sql-port-base", "23300"])
+        .args(["--sql-port-base", "23300", "--http-port-base", "23400"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -41,6 +41,10 @@ pub struct Gateway {
     /// Superuser pools per database, for the catalog lookups `UPSERT` needs and for
     /// configuring a database created with regions.
     pools: Mutex<HashMap<String, PgPool>>,
+    /// Statement latencies, for the console and `/metrics`.
+    pub stats: crate::stats::SqlStats,
+    /// Client sessions open now.
+    pub sessions_open: std::sync::atomic::AtomicI64,
 }
 
 /// Binds the SQL port: a busy port stops `pgmr start` with one line before anything starts.
@@ -63,6 +67,8 @@ impl Gateway {
             cancels: Mutex::default(),
             sessions: Mutex::default(),
             pools: Mutex::default(),
+            stats: Default::default(),
+            sessions_open: Default::default(),
         }))
     }
 

@@ -10,6 +10,7 @@ use mr_pgproto as proto;
 use mr_sql::{Outcome, Present};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -193,7 +194,11 @@ where
         control,
         savepoints: Vec::new(),
         opaque: false,
+        started: VecDeque::new(),
     };
+    gw.sessions_open
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let _open = SessionCount(gw.clone());
     // Bytes read past ReadyForQuery (none, unless PostgreSQL sent something unprompted) are the
     // start of the relay's input, framed like the rest.
     let result = s.relay(client, server, cbuf, sbuf, control_rx).await;
@@ -285,9 +290,19 @@ struct Session {
     /// could not recreate (both as far as the client's statements tell).
     savepoints: Vec<String>,
     opaque: bool,
+    /// When each statement the client sent (a Query, or a Sync ending an extended-protocol
+    /// batch) arrived, oldest first: its latency is recorded at its ReadyForQuery.
+    started: VecDeque<Instant>,
 }
 
 impl Session {
+    /// A ReadyForQuery went to the client: the oldest statement is done.
+    fn statement_done(&mut self) {
+        if let Some(t) = self.started.pop_front() {
+            self.gw.stats.record(t.elapsed(), crate::node::now_ms());
+        }
+    }
+
     async fn relay<C>(
         &mut self,
         client: C,
@@ -422,6 +437,9 @@ impl Session {
     }
 
     async fn client_message(&mut self, tag: u8, msg: &[u8]) -> Result<()> {
+        if matches!(tag, b'Q' | b'S') {
+            self.started.push_back(Instant::now());
+        }
         match tag {
             b'Q' => {
                 let sql = proto::read_query(msg).map_err(|e| anyhow!(e))?;
@@ -676,6 +694,7 @@ impl Session {
                     self.opaque = false;
                 }
                 self.pending.pop_front();
+                self.statement_done();
             }
             b'C' => {
                 let present = match self.pending.front_mut() {
@@ -862,6 +881,7 @@ impl Session {
             }
         }
         proto_into(&mut self.to_client, |o| proto::ready_for_query(o, status));
+        self.statement_done();
         self.txn = status;
         Ok(())
     }
@@ -909,6 +929,7 @@ impl Session {
                 self.strip_and_send_error(&e)?;
             }
             proto_into(&mut self.to_client, |o| proto::ready_for_query(o, status));
+            self.statement_done();
             self.txn = status;
             return Ok(None);
         }
@@ -934,12 +955,14 @@ impl Session {
                     proto::command_complete(o, "SET");
                     proto::ready_for_query(o, b'I');
                 });
+                self.statement_done();
                 let (r, w) = stream.into_split();
                 Ok(Some((r, w)))
             }
             Err(e) => {
                 self.db_error(&e);
                 proto_into(&mut self.to_client, |o| proto::ready_for_query(o, b'I'));
+                self.statement_done();
                 Ok(None)
             }
         }
@@ -1114,4 +1137,15 @@ fn proto_into(out: &mut BytesMut, f: impl FnOnce(&mut Vec<u8>)) {
     let mut v = Vec::new();
     f(&mut v);
     out.extend_from_slice(&v);
+}
+
+/// Counts a session open while it lives.
+struct SessionCount(Arc<Gateway>);
+
+impl Drop for SessionCount {
+    fn drop(&mut self) {
+        self.0
+            .sessions_open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -171,6 +171,8 @@ pub fn start_node_with_env(
         pg_port.to_string(),
         "--sql-listen".into(),
         format!("127.0.0.1:{}", sql_port(pg_port)),
+        "--http-listen".into(),
+        format!("127.0.0.1:{}", http_port(pg_port)),
     ];
     args.extend(extra.iter().map(|a| a.to_string()));
     if let Some(j) = join {
@@ -291,6 +293,11 @@ pub async fn start_cluster_with_env(
 /// The SQL gateway port of the node whose PostgreSQL port is `pg_port`.
 pub fn sql_port(pg_port: u16) -> u16 {
     pg_port + 2000
+}
+
+/// The console's port of the node whose PostgreSQL listens on `pg_port`.
+pub fn http_port(pg_port: u16) -> u16 {
+    pg_port + 4000
 }
 
 /// Each test uses its own port block so tests can run in parallel. All test ports are below

@@ -78,6 +78,9 @@ pub enum PeerRequest {
     RangeChecksum { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
+    /// This node's SQL gateway statement latencies over time (the console's chart):
+    /// answered with [`PeerResponse::SqlLatency`].
+    SqlLatency,
     /// Asks the leaseholder of range `from` (a table's whole range) for the rows of its table
     /// that belong to REGIONAL BY ROW partition `partition`, once it has applied every entry
     /// of `from` and the database's schema version `schema_version` (the table's split):
@@ -180,6 +183,10 @@ pub enum PeerResponse {
     RangeProgress {
         ranges: Vec<crate::local::RangeProgress>,
     },
+    SqlLatency {
+        region: String,
+        windows: Vec<SqlWindow>,
+    },
     RangeChecksum {
         applied_index: u64,
         row_count: u64,
@@ -273,4 +280,13 @@ mod tests {
             serde_json::from_str(r#"{"type":"seed_rows","rows":"{\"id\": 1}\n"}"#).unwrap();
         assert!(matches!(a, PeerResponse::SeedRows { next: None, .. }));
     }
+}
+
+/// The SQL statements a gateway finished in one 10-second window, as a histogram: `counts[i]`
+/// statements took up to bucket `i`'s bound (pgmr's `stats` module defines the buckets).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SqlWindow {
+    /// Unix ms the window starts at.
+    pub start_ms: u64,
+    pub counts: Vec<u32>,
 }
