@@ -89,8 +89,8 @@ async fn sequences(nodes: &[Node], b: &mut PgConnection) {
     for sql in [
         "CREATE TABLE ev (id bigint PRIMARY KEY, v int NOT NULL)",
         "CREATE TABLE ev_serial (id bigserial PRIMARY KEY, v int NOT NULL)",
-        "CREATE SEQUENCE ev_cached CACHE 100",
-        "CREATE TABLE ev_cached (id bigint PRIMARY KEY DEFAULT nextval('ev_cached'), v int NOT NULL)",
+        "CREATE SEQUENCE ev_cached_ids CACHE 100",
+        "CREATE TABLE ev_cached (id bigint PRIMARY KEY DEFAULT nextval('ev_cached_ids'), v int NOT NULL)",
     ] {
         exec(b, sql).await;
     }
