@@ -18,3 +18,11 @@ if ! (cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" "${s
   exit 1
 fi
 rm -f "$log"
+# Released versions' install scripts and the upgrade scripts between them (sql/README.md),
+# next to the current version's, which pgrx generated.
+extdir="$("$PG_CONFIG" --sharedir)/extension"
+if [ "$(id -u)" -eq 0 ]; then
+  install -m 0644 sql/pg_multiregion--*.sql "$extdir/"
+else
+  sudo install -m 0644 sql/pg_multiregion--*.sql "$extdir/"
+fi
