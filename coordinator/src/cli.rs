@@ -12,7 +12,22 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// How pgmr writes its log lines (to stderr).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 impl Cli {
+    /// The log format asked for (`pgmr start --log-format`; text otherwise).
+    pub fn log_format(&self) -> LogFormat {
+        match &self.command {
+            Command::Start(args) => args.log_format,
+            _ => LogFormat::Text,
+        }
+    }
+
     /// Default log filter (overridden by `PGMR_LOG`): the demo keeps its terminal clean.
     pub fn log_level(&self) -> &'static str {
         match self.command {
@@ -157,6 +172,9 @@ pub struct StartArgs {
     /// PEM private key of --sql-tls-cert.
     #[arg(long, requires = "sql_tls_cert")]
     pub sql_tls_key: Option<PathBuf>,
+    /// Log lines as text, or as one JSON object per line (for log collectors).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Stop when the parent process exits (used by `pgmr demo` for its children).
     #[arg(long, hide = true)]
     pub die_with_parent: bool,

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(cli.log_level());
+    init_tracing(cli.log_level(), cli.log_format());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -81,13 +81,15 @@ fn chain(e: &anyhow::Error) -> String {
     s
 }
 
-fn init_tracing(default: &str) {
+fn init_tracing(default: &str, format: cli::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PGMR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        cli::LogFormat::Json => fmt.json().init(),
+        cli::LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }

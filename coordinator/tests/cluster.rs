@@ -613,3 +613,35 @@ async fn injected_partitions_and_delays_act_on_one_direction_and_heal() {
         "{lines:?}"
     );
 }
+
+/// `pgmr start --log-format json` writes each of its log lines as one JSON object, with the
+/// level and the event's fields (PostgreSQL's own lines, which pgmr passes through, stay
+/// PostgreSQL's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_are_json_objects_on_request() {
+    let dir = scratch("json-log");
+    let (rpc, pg) = ports(65);
+    let n = start_node(
+        dir.path(),
+        "n1",
+        "region=us-east1,zone=us-east1-b",
+        rpc,
+        pg,
+        None,
+        &["--log-format", "json"],
+    );
+    let log = eventually("the node up", Duration::from_secs(90), || async {
+        let log = n.log();
+        log.contains("node is up").then_some(log)
+    })
+    .await;
+    let mut up = false;
+    for line in log.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["level"].is_string(), "{line}");
+        up |= v["fields"]["message"] == "node is up";
+    }
+    assert!(up, "the start-up line is a JSON object:\n{log}");
+    assert!(!log.contains(" INFO pgmr"), "no text-format line:\n{log}");
+}
