@@ -381,6 +381,7 @@ fn nextval(rel: &PgRelation) -> Result<i64, MrError> {
         pg_sys::PreventCommandIfParallelMode(c"nextval()".as_ptr());
     }
     let oid = rel.oid();
+    restart_now(oid)?;
     // SAFETY: reads the backend's transaction and statement start times.
     let statement = unsafe {
         (
@@ -777,6 +778,53 @@ pub fn at_commit(database: &str) -> Vec<SequenceChange> {
     let mut changes = sync_keys(database);
     changes.extend(take_restarts(database));
     changes
+}
+
+/// A sequence this transaction restarted (`TRUNCATE … RESTART IDENTITY`, `ALTER SEQUENCE …
+/// RESTART`) and now draws from: the transaction must see the restart, as in PostgreSQL, so
+/// its counter is set now rather than at commit (if the transaction then rolls back, the
+/// counter stays restarted: a key drawn again is refused by its unique index, not repeated
+/// silently where one exists).
+fn restart_now(oid: pg_sys::Oid) -> Result<(), MrError> {
+    let mine: Vec<SequenceValue> = RESTARTS.with(|r| {
+        let mut r = r.borrow_mut();
+        let mine = r
+            .iter()
+            .filter(|(_, o, _)| *o == oid)
+            .map(|(_, _, v)| *v)
+            .collect();
+        r.retain(|(_, o, _)| *o != oid);
+        mine
+    });
+    let Some(value) = mine.last().copied() else {
+        return Ok(());
+    };
+    let row = spi::read_rows(
+        "SELECT coalesce(k.nspname, n.nspname)::text, coalesce(k.relname, c.relname)::text \
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+           LEFT JOIN multiregion.sequence_keys k ON k.seq = c.oid WHERE c.oid = $1",
+        vec![oid.into()],
+    );
+    let Some((Some(schema), Some(table))) = row
+        .first()
+        .map(|r| (r.first().cloned().flatten(), r.get(1).cloned().flatten()))
+    else {
+        return Ok(());
+    };
+    sidecar::change_sequences(vec![SequenceChange::Set {
+        sequence: TableRef {
+            database: crate::regions::catalog::database_name(),
+            schema,
+            table,
+        },
+        value,
+    }])?;
+    HELD.with(|h| {
+        if let Some(held) = h.borrow_mut().get_mut(&oid) {
+            held.left = 0;
+        }
+    });
+    Ok(())
 }
 
 fn take_restarts(database: &str) -> Vec<SequenceChange> {

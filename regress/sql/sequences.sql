@@ -54,6 +54,12 @@ INSERT INTO t (v) VALUES ('after copy') RETURNING id;
 SELECT id, v FROM t WHERE id > 1002 ORDER BY id;
 TRUNCATE t RESTART IDENTITY;
 INSERT INTO t (v) VALUES ('after truncate') RETURNING id;
+-- The transaction that restarts a sequence draws from the restarted one.
+BEGIN;
+TRUNCATE t RESTART IDENTITY;
+INSERT INTO t (v) VALUES ('same transaction') RETURNING id;
+COMMIT;
+INSERT INTO t (v) VALUES ('next') RETURNING id;
 
 -- CACHE, INCREMENT, bounds and CYCLE as PostgreSQL has them.
 CREATE SEQUENCE down INCREMENT BY -5 MINVALUE -12 MAXVALUE -1 CACHE 3 CYCLE;
