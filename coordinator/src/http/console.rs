@@ -44,6 +44,15 @@ fn page(title: &str, active: &str, node: &Node, body: &str) -> String {
     )
 }
 
+/// "n1, n2, n3".
+fn node_list(nodes: &[u64]) -> String {
+    nodes
+        .iter()
+        .map(|n| format!("n{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn unavailable(what: &str, r: &LocalResponse) -> String {
     let why = match r {
         LocalResponse::Error { message, .. } => message.clone(),
@@ -69,12 +78,6 @@ pub async fn overview(node: &Node) -> String {
     }
     match node.local_request(LocalRequest::MetaGroup).await {
         LocalResponse::MetaGroup(g) => {
-            let list = |v: &[u64]| {
-                v.iter()
-                    .map(|n| format!("n{n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
             let _ = write!(
                 body,
                 "<h2>Metadata Raft group</h2><table><tr><th>leader</th><th>term</th>\
@@ -83,8 +86,8 @@ pub async fn overview(node: &Node) -> String {
                 g.leader.map_or("none".into(), |l| format!("n{l}")),
                 g.term,
                 g.commit_index.map_or(String::new(), |c| c.to_string()),
-                list(&g.voters),
-                list(&g.learners),
+                node_list(&g.voters),
+                node_list(&g.learners),
             );
         }
         other => body.push_str(&unavailable("the meta group", &other)),
@@ -377,12 +380,6 @@ fn ranges_table(rows: &[RangeRow], progress: &[RangeProgress]) -> String {
             .map(|p| commit.saturating_sub(p.applied_index))
             .max()
             .unwrap_or(0);
-        let nodes = |v: &[u64]| {
-            v.iter()
-                .map(|n| format!("n{n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let _ = write!(
             t,
             "<tr><td class=\"num\">{}</td><td>{}.{}.{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{lag}</td></tr>",
@@ -395,8 +392,8 @@ fn ranges_table(rows: &[RangeRow], progress: &[RangeProgress]) -> String {
                 "n{h} ({})",
                 esc(r.lease_holder_region.as_deref().unwrap_or(""))
             )),
-            nodes(&r.voting_replicas),
-            nodes(&r.non_voting_replicas),
+            node_list(&r.voting_replicas),
+            node_list(&r.non_voting_replicas),
             esc(&r.replica_regions.join(", ")),
         );
     }
