@@ -192,6 +192,8 @@ async fn screenshots(pg_port: u16) {
                 "--headless",
                 "--no-sandbox",
                 "--disable-gpu",
+                // Containers give /dev/shm 64 MB; Chromium then writes to /tmp instead.
+                "--disable-dev-shm-usage",
                 "--hide-scrollbars",
                 "--window-size=1100,700",
             ])
