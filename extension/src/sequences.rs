@@ -62,21 +62,33 @@ thread_local! {
         const { RefCell::new(Vec::new()) };
 }
 
+/// Sets a flag for a scope; restores it when the scope ends, also by an error unwinding.
+struct Flag(&'static std::thread::LocalKey<Cell<bool>>, bool);
+
+impl Flag {
+    fn set(key: &'static std::thread::LocalKey<Cell<bool>>) -> Flag {
+        Flag(key, key.with(|f| f.replace(true)))
+    }
+}
+
+impl Drop for Flag {
+    fn drop(&mut self) {
+        let was = self.1;
+        self.0.with(|f| f.set(was));
+    }
+}
+
 /// Runs `f` with sequence calls in it left to PostgreSQL (internal SQL that sets this
 /// node's copy of a sequence, e.g. a table rebuilt under its name).
 pub fn local_only<R>(f: impl FnOnce() -> R) -> R {
-    let was = LOCAL_ONLY.with(|l| l.replace(true));
-    let out = f();
-    LOCAL_ONLY.with(|l| l.set(was));
-    out
+    let _flag = Flag::set(&LOCAL_ONLY);
+    f()
 }
 
 /// Runs `f`, another node's schema change being applied: it proposes no counter change.
 pub fn applying<R>(f: impl FnOnce() -> R) -> R {
-    let was = APPLYING.with(|a| a.replace(true));
-    let out = f();
-    APPLYING.with(|a| a.set(was));
-    out
+    let _flag = Flag::set(&APPLYING);
+    f()
 }
 
 /// A relation was invalidated (`ALTER SEQUENCE` among others): PostgreSQL forgets the
