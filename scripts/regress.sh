@@ -275,6 +275,14 @@ want cluster && cluster_phase
 want gateway && gateway_phase
 
 if [ "${#failed[@]}" -gt 0 ]; then
+    # Again at the end, where a CI log's tail shows it: the start of each failed phase's diffs.
+    for phase in "${failed[@]}"; do
+        diffs="$root/regress/results/$phase/regression.diffs"
+        if [ -s "$diffs" ]; then
+            echo "---- $phase: first lines of regression.diffs ----"
+            head -n 60 "$diffs"
+        fi
+    done
     echo "regress.sh: FAILED phases: ${failed[*]} (outputs in regress/results/)" >&2
     exit 1
 fi

@@ -13,7 +13,7 @@ SELECT p.proname, pg_get_function_arguments(p.oid) AS args,
        pg_get_function_result(p.oid) AS result, p.provolatile, p.proparallel
 FROM pg_proc p
 WHERE p.pronamespace = 'multiregion'::regnamespace
-ORDER BY p.proname;
+ORDER BY p.proname, args;
 \x off
 -- The views over the set-returning functions, column by column: names, order and types are
 -- what the cluster tests and users rely on.
