@@ -1,6 +1,6 @@
 # The two entry points of README.md. Both install what is missing, build incrementally, then
 # run their job; running them again on a set-up machine is quick.
-.PHONY: demo test setup build check bench-meta bench-gateway bench-dataplane bench-matrix bench-movr
+.PHONY: demo test setup build check compose-up compose-down bench-meta bench-gateway bench-dataplane bench-matrix bench-movr
 
 demo: build
 	./target/debug/pgmr demo --global --nodes 9
@@ -13,6 +13,13 @@ setup:
 
 build: setup
 	scripts/build.sh
+
+# The docker-compose demo: 3 regions x 3 nodes and the MovR workload (docker/).
+compose-up: build
+	scripts/compose.sh up
+
+compose-down:
+	scripts/compose.sh down
 
 # Lints (not part of `make test`; run before pushing).
 check:

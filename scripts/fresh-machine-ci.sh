@@ -89,8 +89,15 @@ chmod 1777 "$work/tmp"
 # /dev/shm, which Docker caps at 64 MB; a real machine has half its RAM there. /tmp, ~/.cargo and
 # /src are host directories: bind mounts bypass the container's (FUSE) overlay filesystem, which
 # would make compiling and initdb much slower than on a real disk.
+# The host's Docker engine, as a CI machine of this kind has one: the compose test builds its
+# images and runs its stack there (the stack's published ports are the host's, not this
+# container's, hence PGMR_COMPOSE_NO_HOST_PORTS). HOST_DOCKER=0: no engine, the test skips.
+docker_args=()
+if [ "${HOST_DOCKER:-1}" = 1 ] && [ -S /var/run/docker.sock ]; then
+  docker_args=(-v /var/run/docker.sock:/var/run/docker.sock -e PGMR_COMPOSE_NO_HOST_PORTS=1)
+fi
 say "starting $name from $IMAGE"
-docker run -d --init --name "$name" --hostname fresh-ci --shm-size=2g \
+docker run -d --init --name "$name" --hostname fresh-ci --shm-size=2g "${docker_args[@]}" \
   -e CI=true -e HOME=/root -e USER=root -e LOGNAME=root \
   -e PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   -v "$work/src:/src" -v "$work/tmp:/tmp" -v "$work/cargo:/root/.cargo" -v "$work/rustup:/root/.rustup" \

@@ -9,3 +9,6 @@ cargo test --quiet
 
 echo "==> pg_regress" >&2
 scripts/regress.sh
+
+echo "==> docker-compose demo" >&2
+scripts/compose.sh test

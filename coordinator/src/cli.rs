@@ -151,6 +151,11 @@ pub struct StartArgs {
     /// Directory with the PostgreSQL 15 server binaries (defaults to `pg_config --bindir`).
     #[arg(long)]
     pub pg_bin: Option<PathBuf>,
+    /// Networks (CIDR, comma-separated) whose clients PostgreSQL lets in without a password,
+    /// as it does loopback's: for demos on a private network (docker-compose), never the
+    /// internet. pgmr keeps these lines in a block of pg_hba.conf that it rewrites at start.
+    #[arg(long, value_delimiter = ',', value_parser = parse_cidr)]
+    pub pg_trust: Vec<String>,
     /// OS user that runs PostgreSQL when pgmr runs as root (PostgreSQL refuses root).
     #[arg(long, default_value = "postgres")]
     pub pg_user: String,
@@ -256,6 +261,20 @@ fn parse_host_port(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// `ADDRESS/PREFIX`, as pg_hba.conf takes it: an IPv4 or IPv6 address and a prefix length
+/// that fits it.
+fn parse_cidr(s: &str) -> Result<String, String> {
+    let bad = || format!("{s:?} is not a network like 172.16.0.0/12");
+    let (addr, len) = s.split_once('/').ok_or_else(bad)?;
+    let addr: std::net::IpAddr = addr.parse().map_err(|_| bad())?;
+    let len: u8 = len.parse().map_err(|_| bad())?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    if len > max {
+        return Err(bad());
+    }
+    Ok(format!("{addr}/{len}"))
+}
+
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let bad = || format!("{s:?} is not a duration like 500ms, 20s or 2m");
     let (num, unit) = s
@@ -303,6 +322,16 @@ mod tests {
         assert!(parse_host_port(":80").is_err());
         assert!(parse_host_port("h:0").is_err());
         assert!(parse_host_port("h:70000").is_err());
+    }
+
+    #[test]
+    fn trusted_networks_are_cidrs_that_fit_their_address() {
+        assert_eq!(parse_cidr("172.16.0.0/12").as_deref(), Ok("172.16.0.0/12"));
+        assert_eq!(parse_cidr("fd00::/8").as_deref(), Ok("fd00::/8"));
+        assert!(parse_cidr("172.16.0.0").is_err());
+        assert!(parse_cidr("172.16.0.0/33").is_err());
+        assert!(parse_cidr("node1/8").is_err());
+        assert!(parse_cidr("10.0.0.0/8 trust").is_err());
     }
 
     #[test]

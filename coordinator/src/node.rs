@@ -71,6 +71,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
         locality: args.locality.clone(),
         run_as,
         ephemeral: args.ephemeral,
+        trusted_networks: args.pg_trust.clone(),
     };
     let listener = TcpListener::bind(&args.listen)
         .await
@@ -112,7 +113,13 @@ pub async fn run(args: StartArgs) -> Result<()> {
         .advertise
         .clone()
         .unwrap_or_else(|| args.listen.clone());
-    let sql_addr = format!("{listen_host}:{}", args.pg_port);
+    // What other nodes and `multiregion.nodes` show: a wildcard listen address names no host,
+    // the advertised one does.
+    let pg_host = match listen_host.as_str() {
+        "0.0.0.0" | "::" | "*" | "" => advertise.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h),
+        h => h,
+    };
+    let sql_addr = format!("{pg_host}:{}", args.pg_port);
 
     let (identity, members, fresh_bootstrap) = match stored {
         Some(id) => (id, Vec::new(), false),

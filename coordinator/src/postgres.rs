@@ -42,6 +42,39 @@ pub struct PgConfig {
     /// The OS user to run as when pgmr is root.
     pub run_as: Option<(Uid, Gid)>,
     pub ephemeral: bool,
+    /// Networks let in without a password (`--pg-trust`), kept in pg_hba.conf's pgmr block.
+    pub trusted_networks: Vec<String>,
+}
+
+const HBA_BEGIN: &str = "# BEGIN pgmr --pg-trust (rewritten at every start)";
+const HBA_END: &str = "# END pgmr --pg-trust";
+
+/// `text` (a pg_hba.conf) with pgmr's block holding one `trust` line per network, or without
+/// the block when there are none.
+fn hba_with_trusted(text: &str, networks: &[String]) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in text.lines() {
+        match line.trim() {
+            HBA_BEGIN => inside = true,
+            HBA_END => inside = false,
+            _ if !inside => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    if !networks.is_empty() {
+        out.push_str(HBA_BEGIN);
+        out.push('\n');
+        for n in networks {
+            out.push_str(&format!("host all all {n} trust\n"));
+        }
+        out.push_str(HBA_END);
+        out.push('\n');
+    }
+    out
 }
 
 /// Finds the PostgreSQL 15 server binaries: the flag, else `pg_config --bindir`, else
@@ -183,6 +216,7 @@ impl PgConfig {
         let path = pgdata.join("pgmr.conf");
         fs::write(&path, conf).with_context(|| format!("cannot write {}", path.display()))?;
         self.chown(&path)?;
+        self.write_hba()?;
         let main = pgdata.join("postgresql.conf");
         let text =
             fs::read_to_string(&main).with_context(|| format!("cannot read {}", main.display()))?;
@@ -192,6 +226,20 @@ impl PgConfig {
                 &main,
                 format!("{text}\n# Settings pgmr manages.\n{include}\n"),
             )?;
+        }
+        Ok(())
+    }
+
+    /// pg_hba.conf has no include in PostgreSQL 15, so pgmr's lines (`--pg-trust`) live in a
+    /// marked block at its end, replaced at every start and removed when there are none; the
+    /// rest of the file stays the user's.
+    fn write_hba(&self) -> Result<()> {
+        let path = self.pgdata().join("pg_hba.conf");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let new = hba_with_trusted(&text, &self.trusted_networks);
+        if new != text {
+            fs::write(&path, new).with_context(|| format!("cannot write {}", path.display()))?;
         }
         Ok(())
     }
@@ -450,5 +498,17 @@ mod tests {
     #[test]
     fn conf_values_are_quoted() {
         assert_eq!(conf_quote("a'b\\c"), "'a''b\\\\c'");
+    }
+
+    #[test]
+    fn trusted_networks_replace_pgmrs_own_block_and_nothing_else() {
+        let user = "local all all trust\nhost all all 127.0.0.1/32 trust\n";
+        let one = hba_with_trusted(user, &["172.16.0.0/12".into()]);
+        assert!(one.starts_with(user));
+        assert!(one.contains("host all all 172.16.0.0/12 trust\n"));
+        let other = hba_with_trusted(&one, &["10.0.0.0/8".into()]);
+        assert!(!other.contains("172.16.0.0/12"));
+        assert_eq!(other.matches(HBA_BEGIN).count(), 1);
+        assert_eq!(hba_with_trusted(&other, &[]), user);
     }
 }
