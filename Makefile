@@ -16,7 +16,8 @@ build: setup
 
 # The docker-compose demo: 3 regions x 3 nodes and the MovR workload (docker/).
 compose-up: build
-	scripts/compose.sh up
+	cargo build --release -p pgmr
+	PGMR_BIN=target/release/pgmr scripts/compose.sh up
 
 compose-down:
 	scripts/compose.sh down

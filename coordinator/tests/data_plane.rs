@@ -2070,10 +2070,9 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
 /// transaction: a multi-region VALUES list and an `INSERT … SELECT` through one node, an
 /// UPDATE that moves a row between two other regions (its globally unique key still guards
 /// it afterwards, and a moved row's other unique key still meets the rows it left behind), a
-/// rolled-back move, RETURNING of such rows (from where they are written), and the refusal
-/// where the statement would have to see such rows (ON CONFLICT). A table made REGIONAL BY
-/// ROW through the
-/// us-west1 node gives its existing rows that node's region on every node.
+/// rolled-back move, RETURNING and ON CONFLICT of such rows (decided and returned where they
+/// are written). A table made REGIONAL BY ROW through the us-west1 node gives its existing
+/// rows that node's region on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_transaction() {
     let dir = scratch("data-moved");
@@ -2120,9 +2119,37 @@ async fn rows_for_partitions_leased_elsewhere_are_written_there_in_the_same_tran
             .await
             .expect_err("account 2 exists in europe-west1");
     assert_eq!(code(&err), "23505", "{err}");
-    let sql = "INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 30, 1), ('europe-west1', 31, 1) ON CONFLICT DO NOTHING";
-    let err = sqlx::raw_sql(sql).execute(&mut east).await.expect_err(sql);
-    assert_eq!(code(&err), "0A000", "{sql}: {err}");
+    // Rows for partitions leased elsewhere carry the statement's ON CONFLICT clause there,
+    // where the conflict is decided against the leased, locked row: an upsert over three
+    // regions through the us-west1 node, then a DO NOTHING that finds every row taken.
+    let upserted: Vec<(i32, i64)> = sqlx::query_as(
+        "INSERT INTO accounts AS a (crdb_region, id, balance) \
+         VALUES ('us-west1', 10, 100), ('europe-west1', 11, 100), ('us-east1', 12, 100) \
+         ON CONFLICT (crdb_region, id) DO UPDATE SET balance = a.balance + excluded.balance \
+         RETURNING a.id, a.balance",
+    )
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    let mut upserted = upserted;
+    upserted.sort();
+    assert_eq!(upserted, vec![(10, 101), (11, 101), (12, 101)]);
+    let n = sqlx::raw_sql(
+        "INSERT INTO accounts (crdb_region, id, balance) \
+         VALUES ('us-east1', 12, 5), ('europe-west1', 11, 5) ON CONFLICT DO NOTHING",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 0, "every row was taken: nothing inserted");
+    let eleven: i64 = sqlx::query_scalar(
+        "SELECT balance FROM accounts WHERE crdb_region = 'europe-west1' AND id = 11",
+    )
+    .fetch_one(&mut east)
+    .await
+    .unwrap();
+    assert_eq!(eleven, 101, "the upsert updated the row at its leaseholder");
     // RETURNING rows written elsewhere come back from there, after the statement's own: an
     // INSERT over three regions (with the table's alias) and an UPDATE that rehomes a row.
     let returned: Vec<(i32, String, i64)> = sqlx::query_as(

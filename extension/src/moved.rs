@@ -7,12 +7,13 @@
 //! those rows out of this node's copy and collects them; once the statement has run, the
 //! origin of the transaction writes them at their leaseholders as parts of the same
 //! transaction (committed together by two-phase commit), where their uniqueness is checked
-//! and their locks are taken, as for any write there. Their `RETURNING` rows come from there
-//! too (the INSERT there returns the statement's RETURNING list, as written) and reach the
-//! statement's destination after its own rows. What the statement itself would have to see
-//! of those rows cannot be had: `ON CONFLICT` (the conflict is decided where the row is
-//! leased), a data-modifying WITH, and a RETURNING list that names other tables (an UPDATE's
-//! FROM) or parameters are refused instead.
+//! and their locks are taken, as for any write there. The INSERT there carries the
+//! statement's `ON CONFLICT` clause, as written, so the conflict is decided where the
+//! conflicting row is leased and locked; its `RETURNING` rows come from there too (it returns
+//! the statement's RETURNING list) and reach the statement's destination after its own rows.
+//! What the statement itself would have to see of those rows cannot be had: a data-modifying
+//! WITH, and an ON CONFLICT clause or RETURNING list that uses parameters (the INSERT there
+//! has its own) or, for RETURNING, names other tables (an UPDATE's FROM), are refused instead.
 
 use crate::error::MrError;
 use crate::{replication, routing, sidecar};
@@ -213,7 +214,7 @@ pub fn route_row<'a>(
                 partition.0,
                 partition.1
             ),
-            hint: "Write each region's rows in their own statement, or without ON CONFLICT, RETURNING or a data-modifying WITH.".into(),
+            hint: "Write each region's rows in their own statement, or leave out what cannot go with them: a data-modifying WITH, parameters in ON CONFLICT or RETURNING, other tables in RETURNING.".into(),
         }
         .raise();
     }

@@ -65,25 +65,29 @@ struct Forwarded {
 struct Collect {
     /// Why it must see every row it writes itself, if it must.
     refuse: Option<&'static str>,
-    /// Its RETURNING list, which the rows written elsewhere return from there.
-    returning: Option<Returning>,
+    /// What the rows written elsewhere carry of it: its ON CONFLICT clause and RETURNING list.
+    tail: Tail,
 }
 
 /// A row as text, as statements forwarded to other nodes return them.
 type TextRow = Vec<Option<String>>;
 
-/// A statement's RETURNING list as its text, to return the rows it wrote at another node's
-/// leaseholder from the INSERT that writes them there.
-#[derive(Clone)]
-struct Returning {
-    /// The list as written (after the RETURNING keyword).
-    list: String,
-    /// The target table's alias in the statement, which the list may use.
+/// What the INSERT that writes a statement's rows at another node's leaseholder carries of
+/// the statement, as written: its ON CONFLICT clause, decided there, where the conflicting
+/// row is leased and locked, and its RETURNING list, whose rows come back from there.
+#[derive(Clone, Default)]
+struct Tail {
+    /// The `ON CONFLICT …` clause.
+    on_conflict: Option<String>,
+    /// The RETURNING list (after the RETURNING keyword).
+    returning: Option<String>,
+    /// The target table's alias in the statement, which both may use.
     alias: Option<String>,
 }
 
 /// Why a statement that wrote rows for another node's partition could not let them go.
-const ON_CONFLICT: &str = "must check it for conflicts (ON CONFLICT) where it is leased";
+const ON_CONFLICT: &str =
+    "has an ON CONFLICT clause with parameters, which cannot go where the row is leased";
 const RETURNING: &str = "returns it (RETURNING)";
 const MODIFYING_WITH: &str = "has a data-modifying WITH that would not see it";
 
@@ -373,27 +377,29 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                             || (*mt).plan.type_ != pg_sys::NodeTag::T_ModifyTable
                         {
                             Some(MODIFYING_WITH)
-                        } else if (*mt).onConflictAction
-                            != pg_sys::OnConflictAction::ONCONFLICT_NONE
-                        {
-                            Some(ON_CONFLICT)
                         } else {
                             None
                         }
                     };
-                    // SAFETY: as this function's contract.
-                    let returning = match refuse {
-                        None if unsafe { (*qd.plannedstmt).hasReturning } => unsafe {
-                            returning_of(qd)
+                    // SAFETY: as this function's contract; the plan's top node is a
+                    // ModifyTable when nothing was refused above.
+                    let carried = refuse.is_none()
+                        && unsafe {
+                            (*qd.plannedstmt).hasReturning
+                                || (*((*qd.plannedstmt).planTree as *mut pg_sys::ModifyTable))
+                                    .onConflictAction
+                                    != pg_sys::OnConflictAction::ONCONFLICT_NONE
+                        };
+                    let (refuse, tail) = match refuse {
+                        Some(why) => (Some(why), Tail::default()),
+                        // SAFETY: as this function's contract.
+                        None if carried => match unsafe { tail_of(qd) } {
+                            Ok(t) => (None, t),
+                            Err(why) => (Some(why), Tail::default()),
                         },
-                        _ => None,
+                        None => (None, Tail::default()),
                     };
-                    // SAFETY: as above.
-                    let refuse = refuse.or_else(|| {
-                        (unsafe { (*qd.plannedstmt).hasReturning } && returning.is_none())
-                            .then_some(RETURNING)
-                    });
-                    COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, returning }));
+                    COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, tail }));
                 }
                 if has_remotes {
                     set_local_lock_timeout();
@@ -548,6 +554,7 @@ pub unsafe fn executor_run(
                 let collecting = crate::moved::collect(c.refuse);
                 // SAFETY: `qd` is started; its destination is valid until ExecutorEnd.
                 let deferred = c
+                    .tail
                     .returning
                     .is_some()
                     .then(|| unsafe { DeferredDest::new(qd) });
@@ -556,7 +563,7 @@ pub unsafe fn executor_run(
                 let (n, rows) = if moved.is_empty() {
                     (0, Vec::new())
                 } else {
-                    write_moved(moved, c.returning.as_ref()).or_raise()
+                    write_moved(moved, &c.tail).or_raise()
                 };
                 crate::ri::run_pending();
                 if let Some(d) = deferred {
@@ -617,12 +624,19 @@ unsafe fn run_forwarded(
             unsafe { run_shares(qd, shares) }.or_raise()
         };
         if !moved.is_empty() {
-            // SAFETY: as above. The rows moved return the statement's RETURNING list from
-            // where they are written, after the statement's own rows.
-            let returning = unsafe { (*qd.plannedstmt).hasReturning }
-                .then(|| unsafe { returning_of(qd) })
-                .flatten();
-            let (n, returned) = write_moved(moved, returning.as_ref()).or_raise();
+            // SAFETY: as above. The rows moved carry the statement's ON CONFLICT clause and
+            // return its RETURNING list from where they are written, after the statement's
+            // own rows. The node that ran it let them go, so both can travel.
+            let tail = unsafe { tail_of(qd) }.unwrap_or_else(|why| {
+                MrError::WriteNotServed {
+                    message: format!(
+                        "rows of this statement are leased on another node, and it {why}"
+                    ),
+                    hint: "Write each region's rows in their own statement.".into(),
+                }
+                .raise()
+            });
+            let (n, returned) = write_moved(moved, &tail).or_raise();
             processed += n;
             rows.extend(returned);
         }
@@ -937,7 +951,7 @@ pub unsafe fn copy_from(
     run();
     let moved = collecting.finish();
     if !moved.is_empty() {
-        let (n, _) = write_moved(moved, None).or_raise();
+        let (n, _) = write_moved(moved, &Tail::default()).or_raise();
         // SAFETY: the caller's contract: the statement's completion, filled in by COPY.
         unsafe {
             if !qc.is_null() {
@@ -951,11 +965,11 @@ pub unsafe fn copy_from(
 /// here, where this node leases the partition), as parts of this transaction: the number of
 /// rows written. Their global keys are applied with the statement's other key changes
 /// (`crate::global_keys`), where a moved row's key released and taken again stays.
-/// With `returning`, each INSERT returns the statement's RETURNING list: the rows it
-/// returned, as text.
+/// Each INSERT carries the statement's ON CONFLICT clause, and returns its RETURNING list
+/// (the rows returned, as text), if it has them.
 fn write_moved(
     moved: Vec<mr_wire::local::MovedRows>,
-    returning: Option<&Returning>,
+    tail: &Tail,
 ) -> Result<(u64, Vec<TextRow>), MrError> {
     let mut written = 0;
     let mut returned = Vec::new();
@@ -963,10 +977,14 @@ fn write_moved(
         .iter()
         .flat_map(|m| crate::moved::rows_json(m).into_iter().map(move |j| (m, j)))
     {
-        let mut sql = crate::moved::insert_sql(m, returning.and_then(|r| r.alias.as_deref()));
-        if let Some(r) = returning {
+        let mut sql = crate::moved::insert_sql(m, tail.alias.as_deref());
+        if let Some(c) = &tail.on_conflict {
+            sql.push(' ');
+            sql.push_str(c);
+        }
+        if let Some(r) = &tail.returning {
             sql.push_str(" RETURNING ");
-            sql.push_str(&r.list);
+            sql.push_str(r);
         }
         let table = mr_meta::TableRef {
             database: database(),
@@ -1186,68 +1204,97 @@ pub fn serving() -> bool {
     SERVING.with(Cell::get) > 0
 }
 
-/// The RETURNING list of `qd`'s INSERT or UPDATE as its text, if the rows it writes at
-/// other nodes can return it from there: it names only the target table (an UPDATE with
-/// FROM may name others) and no parameter (the INSERT there has its own).
+/// What the rows `qd`'s INSERT or UPDATE writes at other nodes carry of it ([`Tail`]), or
+/// why they cannot: see [`portable_tail`].
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
 #[allow(unsafe_code)]
-unsafe fn returning_of(qd: &pg_sys::QueryDesc) -> Option<Returning> {
+unsafe fn tail_of(qd: &pg_sys::QueryDesc) -> Result<Tail, &'static str> {
     // SAFETY: as this function's contract.
     let sql = unsafe { statement_of(qd) }.sql;
-    let c = CString::new(sql.as_str()).ok()?;
+    // A statement whose text cannot be parsed alone here is refused as its clauses would be.
+    // SAFETY: the plan's top node is read by tag before the cast.
+    let why = unsafe {
+        let mt = (*qd.plannedstmt).planTree as *mut pg_sys::ModifyTable;
+        if !mt.is_null()
+            && (*mt).plan.type_ == pg_sys::NodeTag::T_ModifyTable
+            && (*mt).onConflictAction != pg_sys::OnConflictAction::ONCONFLICT_NONE
+        {
+            ON_CONFLICT
+        } else {
+            RETURNING
+        }
+    };
+    let c = CString::new(sql.as_str()).map_err(|_| why)?;
     // SAFETY: the raw parse tree of the statement's own text, read by node tag.
     unsafe {
         let parsed = pg_sys::raw_parser(c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
         if parsed.is_null() || (*parsed).length != 1 {
-            return None;
+            return Err(why);
         }
         let stmt = (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt;
-        portable_returning(stmt, &sql)
+        portable_tail(stmt, &sql)
     }
 }
 
-/// The RETURNING list of raw INSERT or UPDATE `stmt` (parsed from `sql`) as its text, if
-/// the rows it writes at other nodes can return it from there: it names only the target
-/// table (an UPDATE with FROM may name others) and no parameter.
+/// The ON CONFLICT clause and RETURNING list of raw INSERT or UPDATE `stmt` (parsed from
+/// `sql`) as their text, if the rows it writes at other nodes can carry them there: neither
+/// uses a parameter (the INSERT there has its own), and the list names only the target table
+/// (an UPDATE with FROM may name others). Otherwise why not.
 ///
 /// # Safety
 /// `stmt` is a raw parse tree node parsed from `sql` (its locations are offsets into it).
 #[allow(unsafe_code)]
-unsafe fn portable_returning(stmt: *mut pg_sys::Node, sql: &str) -> Option<Returning> {
+unsafe fn portable_tail(stmt: *mut pg_sys::Node, sql: &str) -> Result<Tail, &'static str> {
     // SAFETY: as this function's contract; nodes are read by tag before casts.
     unsafe {
-        let (list, relation) = match (*stmt).type_ {
+        let (list, relation, on_conflict) = match (*stmt).type_ {
             pg_sys::NodeTag::T_InsertStmt => {
                 let i = &*(stmt as *mut pg_sys::InsertStmt);
-                (i.returningList, i.relation)
+                (i.returningList, i.relation, i.onConflictClause)
             }
             pg_sys::NodeTag::T_UpdateStmt => {
                 let u = &*(stmt as *mut pg_sys::UpdateStmt);
-                if !u.fromClause.is_null() {
-                    return None;
+                if !u.fromClause.is_null() && !u.returningList.is_null() {
+                    return Err(RETURNING);
                 }
-                (u.returningList, u.relation)
+                (u.returningList, u.relation, std::ptr::null_mut())
             }
-            _ => return None,
+            _ => return Err(RETURNING),
         };
-        if list.is_null() || (*list).length == 0 {
-            return None;
-        }
-        let first = pg_sys::list_nth(list, 0) as *mut pg_sys::ResTarget;
-        let at = usize::try_from((*first).location).ok()?;
-        let text = sql.get(at..)?.trim_end().trim_end_matches(';').trim_end();
-        if text.is_empty() || text.contains('$') {
-            return None;
-        }
+        let returning_at = if list.is_null() || (*list).length == 0 {
+            None
+        } else {
+            let first = pg_sys::list_nth(list, 0) as *mut pg_sys::ResTarget;
+            Some(usize::try_from((*first).location).map_err(|_| RETURNING)?)
+        };
+        let returning = match returning_at {
+            None => None,
+            Some(at) => {
+                let text = sql.get(at..).ok_or(RETURNING)?;
+                let text = text.trim_end().trim_end_matches(';').trim_end();
+                if text.is_empty() || text.contains('$') {
+                    return Err(RETURNING);
+                }
+                Some(text.to_string())
+            }
+        };
+        let on_conflict = if on_conflict.is_null() {
+            None
+        } else {
+            let at = usize::try_from((*on_conflict).location).map_err(|_| ON_CONFLICT)?;
+            let text = mr_sql::on_conflict_clause(sql, at, returning_at).ok_or(ON_CONFLICT)?;
+            Some(text.to_string())
+        };
         let alias = (!relation.is_null() && !(*relation).alias.is_null()).then(|| {
             CStr::from_ptr((*(*relation).alias).aliasname)
                 .to_string_lossy()
                 .into_owned()
         });
-        Some(Returning {
-            list: text.to_string(),
+        Ok(Tail {
+            on_conflict,
+            returning,
             alias,
         })
     }
@@ -1946,24 +1993,16 @@ fn exec_share(
                 let ins = stmt as *mut pg_sys::InsertStmt;
                 Some(crate::moved::collect(if !(*ins).withClause.is_null() {
                     Some(MODIFYING_WITH)
-                } else if !(*ins).onConflictClause.is_null() {
-                    Some(ON_CONFLICT)
-                } else if !(*ins).returningList.is_null() && portable_returning(stmt, sql).is_none()
-                {
-                    Some(RETURNING)
                 } else {
-                    None
+                    portable_tail(stmt, sql).err()
                 }))
             }
             pg_sys::NodeTag::T_UpdateStmt => {
                 let upd = stmt as *mut pg_sys::UpdateStmt;
                 Some(crate::moved::collect(if !(*upd).withClause.is_null() {
                     Some(MODIFYING_WITH)
-                } else if !(*upd).returningList.is_null() && portable_returning(stmt, sql).is_none()
-                {
-                    Some(RETURNING)
                 } else {
-                    None
+                    portable_tail(stmt, sql).err()
                 }))
             }
             _ => None,

@@ -52,6 +52,25 @@ SELECT tableoid::regclass AS partition, * FROM users ORDER BY id;
 UPDATE users SET city = 'seattle' WHERE id = 7 RETURNING *;
 UPDATE users SET name = 'EVE' WHERE id = 7 RETURNING *;
 INSERT INTO users VALUES (8, 'seattle', 'fay') ON CONFLICT (region, id) DO UPDATE SET name = excluded.name RETURNING *;
+-- Rows for a partition leased on another node (seattle's, on node 2) carry the statement's
+-- ON CONFLICT clause there: the conflict is decided where the row is leased.
+INSERT INTO users AS u VALUES (8, 'seattle', 'FAY'), (1, 'boston', 'ANN'), (20, 'seattle', 'hal')
+  ON CONFLICT (region, id) DO UPDATE SET name = excluded.name || ' (was ' || u.name || ')'
+  RETURNING id, city, name;
+INSERT INTO users VALUES (8, 'seattle', 'not me'), (21, 'boston', 'ivy'), (22, 'seattle', 'jo')
+  ON CONFLICT DO NOTHING RETURNING id, name;
+INSERT INTO users (id, city, name) SELECT 20 + g, CASE WHEN g % 2 = 0 THEN 'seattle' ELSE 'boston' END, 'kim'
+  FROM generate_series(0, 3) g
+  ON CONFLICT (region, id) DO UPDATE SET name = users.name || '+' WHERE users.city = 'seattle';
+SELECT id, city, name FROM users WHERE id IN (1, 8, 20, 21, 22, 23) ORDER BY id;
+-- A clause with parameters cannot go with the rows (their INSERT has parameters of its own).
+PREPARE ups(text) AS INSERT INTO users VALUES (8, 'seattle', 'x'), (1, 'boston', 'y')
+  ON CONFLICT (region, id) DO UPDATE SET name = $1;
+EXECUTE ups('z');
+\echo :SQLSTATE
+DEALLOCATE ups;
+DELETE FROM users WHERE id >= 20;
+UPDATE users SET name = lower(substr(name, 1, 3)) WHERE id IN (1, 8);
 -- The column itself cannot be written, as in CockroachDB.
 INSERT INTO users VALUES (9, 'boston', 'gus', 'us-west1');
 \echo :SQLSTATE

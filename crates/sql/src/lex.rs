@@ -279,6 +279,94 @@ pub fn prepared_statement(sql: &str) -> Option<&str> {
     Some(&sql[body.start..])
 }
 
+/// The text of an INSERT's `ON CONFLICT …` clause as written, to carry it to the INSERT that
+/// writes the statement's rows for partitions leased on another node: from byte `start` of
+/// `sql` (the parser's location of its ON) to the statement's end, or, with `returning_at`
+/// (the parser's location of the RETURNING list's first item), to the RETURNING keyword
+/// before it. `None` when the clause uses a parameter (`$1`): that INSERT has parameters of
+/// its own.
+pub fn on_conflict_clause(sql: &str, start: usize, returning_at: Option<usize>) -> Option<&str> {
+    let end = returning_at.unwrap_or(sql.len()).min(sql.len());
+    let toks = lex(sql.get(start..end)?).ok()?;
+    let mut toks = toks.as_slice();
+    while let [rest @ .., last] = toks {
+        if matches!(last.tok, Tok::Punct(';')) {
+            toks = rest;
+        } else {
+            break;
+        }
+    }
+    if returning_at.is_some() {
+        match toks {
+            [rest @ .., last] if last.word() == Some("returning") => toks = rest,
+            _ => return None,
+        }
+    }
+    let (first, last) = (toks.first()?, toks.last()?);
+    if first.word() != Some("on")
+        || toks
+            .iter()
+            .any(|t| matches!(&t.tok, Tok::Op(o) if o.starts_with('$')))
+    {
+        return None;
+    }
+    Some(&sql[start + first.start..start + last.end])
+}
+
+#[cfg(test)]
+mod on_conflict_tests {
+    use super::on_conflict_clause;
+
+    #[test]
+    fn the_clause_runs_to_the_end_or_to_returning() {
+        let sql =
+            "INSERT INTO t AS x VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = excluded.v;";
+        let at = sql.find("ON CONFLICT").unwrap();
+        assert_eq!(
+            on_conflict_clause(sql, at, None),
+            Some("ON CONFLICT (id) DO UPDATE SET v = excluded.v")
+        );
+        let sql = "insert into t values (1) on conflict do nothing\n returning id, 'returning'";
+        let at = sql.find("on conflict").unwrap();
+        let ret = sql.find("id, 'ret").unwrap();
+        assert_eq!(
+            on_conflict_clause(sql, at, Some(ret)),
+            Some("on conflict do nothing")
+        );
+    }
+
+    #[test]
+    fn keywords_inside_strings_and_comments_do_not_end_it() {
+        let sql = "INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET v = 'RETURNING' /* RETURNING */ RETURNING *";
+        let at = sql.find("ON CONFLICT").unwrap();
+        let ret = sql.rfind('*').unwrap();
+        assert_eq!(
+            on_conflict_clause(sql, at, Some(ret)),
+            Some("ON CONFLICT (id) DO UPDATE SET v = 'RETURNING'")
+        );
+    }
+
+    #[test]
+    fn a_clause_with_parameters_cannot_travel() {
+        let sql = "INSERT INTO t VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET v = $2";
+        let at = sql.find("ON CONFLICT").unwrap();
+        assert_eq!(on_conflict_clause(sql, at, None), None);
+        // A dollar-quoted string is no parameter.
+        let sql = "INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET v = $$x$$";
+        let at = sql.find("ON CONFLICT").unwrap();
+        assert!(on_conflict_clause(sql, at, None).is_some());
+    }
+
+    #[test]
+    fn a_location_that_is_not_the_clause_gives_nothing() {
+        assert_eq!(
+            on_conflict_clause("INSERT INTO t VALUES (1)", 7, None),
+            None
+        );
+        assert_eq!(on_conflict_clause("INSERT", 99, None), None);
+    }
+}
+
 #[cfg(test)]
 mod prepared_tests {
     use super::prepared_statement;

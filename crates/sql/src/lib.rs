@@ -19,7 +19,7 @@ mod star;
 mod translate;
 
 pub use ast::*;
-pub use lex::prepared_statement;
+pub use lex::{on_conflict_clause, prepared_statement};
 pub use parse::parse;
 pub use star::is_star_reference;
 pub use translate::{
