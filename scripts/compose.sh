@@ -86,6 +86,18 @@ sql() {
     compose exec -T "node$n" psql -X -q -At -v ON_ERROR_STOP=1 -h 127.0.0.1 -p 26257 -U root -d defaultdb "$@"
 }
 
+save_logs() {
+    local dir=target/compose-test-logs s
+    rm -rf "$dir" && mkdir -p "$dir"
+    compose ps >&2 || true
+    for s in $(compose ps --services 2>/dev/null); do
+        compose logs --no-color "$s" >"$dir/$s.log" 2>&1 || true
+    done
+    grep -h -A4 "panicked at" "$dir"/*.log >&2 || true
+    compose logs --no-color --tail 20 >&2 || true
+    say "whole logs of every container: $dir/"
+}
+
 test_stack() {
     # An engine's socket without the tools to talk to it (a CI container given the host's
     # engine): install Debian's client and docker-compose.
@@ -106,7 +118,9 @@ test_stack() {
         echo "compose test: ports $busy are in use on this host (a demo running? make compose-down)" >&2
         return 1
     fi
-    trap 'status=$?; [ $status -eq 0 ] || { compose ps >&2; compose logs --tail 30 >&2; }; down >/dev/null 2>&1 || true; exit $status' EXIT
+    # On failure: the state, every container's whole log kept in target/compose-test-logs/,
+    # and any panic's message shown.
+    trap 'status=$?; [ $status -eq 0 ] || save_logs; down >/dev/null 2>&1 || true; exit $status' EXIT
     up
 
     say "a row written through us-east1 (node 1) is read back through europe-west1 (node 7)"
