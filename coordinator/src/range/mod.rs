@@ -120,6 +120,12 @@ const MANAGE_EVERY: Duration = Duration::from_millis(250);
 /// still has it as a voter (its vote may be needed to change the membership), at most this
 /// long.
 const KEEP_REMOVED: Duration = Duration::from_secs(60);
+/// Any replica the descriptor no longer lists keeps running at least this long: this node's
+/// copy of the meta state may be a change behind, and a replica demoted and then listed again
+/// (MovR's `PRIMARY REGION` then `ADD REGION`) must find its log and rows still there, not
+/// start over from a snapshot while the schema change that follows re-validates foreign keys
+/// against its empty copy.
+const KEEP_UNLISTED: Duration = Duration::from_secs(10);
 /// How long a new range's upkeep waits for its first snapshot, and for the purge after it.
 const BOOTSTRAP_STEP: Duration = Duration::from_secs(2);
 /// How long one range's upkeep step may hold up the others' (it goes on in Raft).
@@ -470,10 +476,10 @@ impl Ranges {
             (mine, all, nodes)
         });
         let wanted: BTreeSet<u64> = mine.iter().map(|r| r.range_id).collect();
-        // Ranges this node no longer holds: stop their members and forget their logs — once
-        // the membership this member knows leaves it out (the voters that replace it may need
-        // its vote to take over: stopping first left a range with two of three voters gone
-        // and no quorum to change its membership), or after KEEP_REMOVED.
+        // Ranges this node no longer holds: stop their members and forget their logs — after
+        // KEEP_UNLISTED, and once the membership this member knows leaves it out (the voters
+        // that replace it may need its vote to take over: stopping first left a range with two
+        // of three voters gone and no quorum to change its membership), or after KEEP_REMOVED.
         let now = Instant::now();
         let gone: Vec<Arc<Group>> = {
             let mut groups = self.groups.lock().expect("groups lock");
@@ -495,7 +501,9 @@ impl Ranges {
                     .membership()
                     .voter_ids()
                     .any(|n| n == me);
-                if !(all.contains_key(id) && voter && since.elapsed() < KEEP_REMOVED) {
+                let keep = since.elapsed() < KEEP_UNLISTED
+                    || (voter && since.elapsed() < KEEP_REMOVED);
+                if !(all.contains_key(id) && keep) {
                     ids.push(*id);
                 }
             }
