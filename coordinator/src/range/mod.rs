@@ -501,8 +501,8 @@ impl Ranges {
                     .membership()
                     .voter_ids()
                     .any(|n| n == me);
-                let keep = since.elapsed() < KEEP_UNLISTED
-                    || (voter && since.elapsed() < KEEP_REMOVED);
+                let keep =
+                    since.elapsed() < KEEP_UNLISTED || (voter && since.elapsed() < KEEP_REMOVED);
                 if !(all.contains_key(id) && keep) {
                     ids.push(*id);
                 }
