@@ -143,8 +143,10 @@ unsafe extern "C-unwind" fn process_utility(
         }
         return;
     }
-    // SAFETY: as above; a COPY FREEZE whose rows all go to another node drops the FREEZE.
+    // SAFETY: as above; a COPY FREEZE whose rows all go to another node drops the FREEZE,
+    // and another node's schema change adds foreign keys without checking this node's rows.
     let pstmt = unsafe { crate::routing::without_copy_freeze(pstmt) };
+    let pstmt = unsafe { crate::regions::trusting_foreign_keys(pstmt) };
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
     // given; a COPY FROM's rows for other nodes' ranges are collected around it.
     unsafe {

@@ -91,6 +91,11 @@ pub fn applying<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether this backend is applying another node's schema change now.
+pub fn applying_change() -> bool {
+    APPLYING.with(|a| a.get())
+}
+
 /// A relation was invalidated (`ALTER SEQUENCE` among others): PostgreSQL forgets the
 /// values a session holds then, and so does this.
 pub fn forget(relid: pg_sys::Oid) {

@@ -357,6 +357,65 @@ pub(crate) enum Ddl {
     },
 }
 
+/// While another node's schema change is applied, the foreign keys it adds are taken as
+/// valid instead of checked against this node's rows: the origin checked them against an
+/// up-to-date copy, and this node's copy of the referenced table may lag behind it (a
+/// replica still catching up after a restart, a range whose entries wait for this very
+/// change). Checked here, a lagging copy refused the change with 23503 and left the node's
+/// schema applier stuck behind it. Returns `pstmt`, or a copy whose ADD FOREIGN KEY
+/// constraints skip validation and are created valid, as PostgreSQL does for the foreign
+/// keys of a table it creates.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn trusting_foreign_keys(
+    pstmt: *mut pg_sys::PlannedStmt,
+) -> *mut pg_sys::PlannedStmt {
+    if !crate::sequences::applying_change() {
+        return pstmt;
+    }
+    // SAFETY: the caller's contract; every node's tag is read before it is cast, and an
+    // AlterTableStmt's `cmds` are AlterTableCmds. The copy is ours to change (the statement
+    // may be a cached plan's read-only tree).
+    unsafe {
+        let adds_foreign_key = |cmd: *mut std::ffi::c_void| {
+            let cmd = cmd as *mut pg_sys::AlterTableCmd;
+            let def = (*cmd).def;
+            ((*cmd).subtype == pg_sys::AlterTableType::AT_AddConstraint
+                && !def.is_null()
+                && (*def).type_ == pg_sys::NodeTag::T_Constraint
+                && (*(def as *mut pg_sys::Constraint)).contype
+                    == pg_sys::ConstrType::CONSTR_FOREIGN)
+                .then_some(def as *mut pg_sys::Constraint)
+        };
+        let cmds = |stmt: *mut pg_sys::PlannedStmt| {
+            let node = (*stmt).utilityStmt;
+            if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+                return Vec::new();
+            }
+            let list = (*(node as *mut pg_sys::AlterTableStmt)).cmds;
+            if list.is_null() {
+                return Vec::new();
+            }
+            (0..(*list).length)
+                .filter_map(|i| adds_foreign_key(pg_sys::list_nth(list, i)))
+                .collect::<Vec<_>>()
+        };
+        if cmds(pstmt).iter().all(|c| (**c).skip_validation) {
+            return pstmt;
+        }
+        let changed = pg_sys::copyObjectImpl(pstmt.cast()) as *mut pg_sys::PlannedStmt;
+        for constraint in cmds(changed) {
+            if !(*constraint).skip_validation {
+                (*constraint).skip_validation = true;
+                (*constraint).initially_valid = true;
+            }
+        }
+        changed
+    }
+}
+
 /// What to replicate of a utility statement a client ran at top level, if it is a schema
 /// change that every node must also make. Statements run by functions (`multiregion.execute`,
 /// the applier, a DO block) are not top level, so they are never replicated twice. Roles are
