@@ -41,3 +41,13 @@ CREATE FUNCTION multiregion."setval"("seq" regclass, "value" bigint, "is_called"
 RETURNS bigint
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c AS 'MODULE_PATHNAME', 'mr_setval3_wrapper';
+
+-- SHOW DATABASES and the SHOW forms naming another database: each database's survival goal
+-- and placement, cluster-wide.
+CREATE FUNCTION multiregion."database_goals"() RETURNS TABLE (
+	"database_name" TEXT,
+	"survival_goal" TEXT,
+	"placement" TEXT
+)
+STRICT STABLE
+LANGUAGE c AS 'MODULE_PATHNAME', 'database_goals_wrapper';

@@ -116,6 +116,7 @@ unsafe extern "C-unwind" fn process_utility(
     let top_level = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
     let (replicate, database) = unsafe {
         if top_level {
+            crate::regions::refuse_region_type_change(&*pstmt);
             (
                 crate::regions::replicated_ddl(&*pstmt, query_string),
                 crate::regions::database_ddl(&*pstmt),

@@ -11,6 +11,10 @@ SELECT region FROM [SHOW REGIONS FROM CLUSTER] WHERE region LIKE 'us-%' ORDER BY
 -- A database with regions, in one statement, and its SHOW forms.
 CREATE DATABASE gw PRIMARY REGION "us-east1" REGIONS "us-west1", "europe-west1";
 CREATE DATABASE gw_bad PRIMARY REGION "mars";
+-- CockroachDB's refusals, before anything is created.
+CREATE DATABASE gw_bad SURVIVE REGION FAILURE;
+CREATE DATABASE gw_bad REGIONS "us-west1";
+CREATE DATABASE gw_bad PRIMARY REGION "us-east1" REGIONS "us-west1", "europe-west1", "us-west1";
 SELECT count(*) AS leftovers FROM pg_database WHERE datname = 'gw_bad';
 \c gw
 SHOW REGIONS FROM DATABASE;
@@ -23,6 +27,16 @@ SELECT r.region FROM [SHOW REGIONS FROM DATABASE gw] r JOIN [SHOW REGIONS FROM C
 SELECT database_name, primary_region FROM [SHOW REGIONS FROM ALL DATABASES]
  WHERE database_name = 'gw';
 SELECT count(*) > 0 AS has_regions FROM [SHOW REGIONS];
+SHOW SURVIVAL GOAL FROM DATABASE defaultdb;
+SHOW REGIONS FROM DATABASE nosuchdb;
+\c defaultdb
+SHOW REGIONS FROM DATABASE gw;
+SHOW SURVIVAL GOAL FROM DATABASE gw;
+\c gw
+SELECT * FROM [SHOW DATABASES] WHERE database_name IN ('gw', 'defaultdb');
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+SHOW ENUMS;
+DROP TYPE mood;
 
 -- Region and survival DDL: CockroachDB's command tags.
 ALTER DATABASE gw DROP REGION "europe-west1";
@@ -33,6 +47,14 @@ ALTER DATABASE gw SURVIVE ZONE FAILURE;
 ALTER DATABASE gw SET PRIMARY REGION "us-east1";
 ALTER DATABASE gw PRIMARY REGION "mars";
 ALTER DATABASE gw ADD REGION;
+-- The region type changes only through the region DDL; its owner may change.
+DROP TYPE crdb_internal_region;
+DROP DOMAIN IF EXISTS public.crdb_internal_region CASCADE;
+ALTER TYPE crdb_internal_region RENAME TO regions;
+ALTER DOMAIN crdb_internal_region DROP CONSTRAINT crdb_internal_region_valid;
+ALTER DOMAIN crdb_internal_region SET SCHEMA pg_catalog;
+ALTER TYPE crdb_internal_region OWNER TO CURRENT_USER;
+SELECT multiregion.execute('CREATE DATABASE gw_native SURVIVE REGION FAILURE');
 
 -- Tables created with their locality, atomically; CockroachDB's computed columns.
 CREATE TABLE accounts (id INT PRIMARY KEY, owner TEXT) LOCALITY REGIONAL BY ROW;
@@ -47,6 +69,11 @@ CREATE TABLE plain (id INT PRIMARY KEY, twice INT AS (id * 2) STORED);
 ALTER TABLE plain ADD COLUMN thrice INT AS (id * 3) STORED;
 INSERT INTO plain (id) VALUES (7) RETURNING *;
 ALTER TABLE plain SET LOCALITY REGIONAL BY TABLE IN "us-west1";
+ALTER TABLE IF EXISTS missing SET LOCALITY GLOBAL;
+ALTER TABLE missing SET LOCALITY GLOBAL;
+CREATE VIEW plain_view AS SELECT id FROM plain;
+ALTER TABLE plain_view SET LOCALITY GLOBAL;
+DROP VIEW plain_view;
 SHOW TABLES;
 INSERT INTO accounts VALUES (1, 'ada');
 SELECT crdb_region, * FROM accounts;

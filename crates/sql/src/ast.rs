@@ -93,9 +93,11 @@ pub enum Statement {
         sql: String,
         locality: Option<Locality>,
     },
+    /// `ALTER TABLE [IF EXISTS] t SET LOCALITY …`.
     AlterTableSetLocality {
         table: ObjectName,
         locality: Locality,
+        if_exists: bool,
     },
     /// A statement PostgreSQL runs once rewritten (`ALTER TABLE … ADD COLUMN c t AS (e) STORED`
     /// becomes `… GENERATED ALWAYS AS (e) STORED`).
@@ -117,6 +119,10 @@ pub enum Statement {
     /// `SHOW RANGES [FROM TABLE t | FROM DATABASE d]`: the ranges of the current database,
     /// one table, or a database.
     ShowRanges(RangesFrom),
+    /// `SHOW DATABASES`, with each one's regions and survival goal.
+    ShowDatabases,
+    /// `SHOW ENUMS`: the region type among them.
+    ShowEnums,
 }
 
 /// What `SHOW RANGES` lists.
@@ -153,6 +159,8 @@ impl Statement {
             Statement::ShowLocality => "SHOW LOCALITY",
             Statement::ShowTables { .. } => "SHOW TABLES",
             Statement::ShowRanges(_) => "SHOW RANGES",
+            Statement::ShowDatabases => "SHOW DATABASES",
+            Statement::ShowEnums => "SHOW ENUMS",
         }
     }
 }

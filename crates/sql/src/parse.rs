@@ -346,13 +346,17 @@ impl<'a> Parser<'a> {
 
     fn alter_table(&mut self) -> R<Option<Statement>> {
         let start = self.pos;
-        self.if_exists(false)?;
+        let if_exists = self.if_exists(false)?;
         let table = self.object_name()?;
         if self.peek_word() == Some("set") && self.peek_word_at(1) == Some("locality") {
             self.pos += 2;
             let locality = self.locality()?;
             self.end()?;
-            return Ok(Some(Statement::AlterTableSetLocality { table, locality }));
+            return Ok(Some(Statement::AlterTableSetLocality {
+                table,
+                locality,
+                if_exists,
+            }));
         }
         self.pos = start;
         Ok(self
@@ -561,6 +565,14 @@ impl<'a> Parser<'a> {
                     RangesFrom::CurrentDatabase
                 };
                 Statement::ShowRanges(from)
+            }
+            Some("databases") => {
+                self.pos += 1;
+                Statement::ShowDatabases
+            }
+            Some("enums") => {
+                self.pos += 1;
+                Statement::ShowEnums
             }
             Some("tables") => {
                 self.pos += 1;

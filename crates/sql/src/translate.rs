@@ -282,6 +282,43 @@ pub fn translate_one(sql: &str) -> Outcome {
     }
 }
 
+/// `CREATE DATABASE … PRIMARY REGION …`: refused as CockroachDB refuses it, before anything
+/// is created; else the gateway creates the database, then configures it from inside.
+fn create_database(s: Statement, alone: bool) -> Action {
+    let Statement::CreateDatabase {
+        name,
+        primary_region,
+        regions,
+        survival,
+        ..
+    } = s
+    else {
+        unreachable!("called for CREATE DATABASE only")
+    };
+    if let Err(e) =
+        mr_zoneconfig::ddl::check_create_database(primary_region.as_deref(), &regions, survival)
+    {
+        return Action::Replace(
+            raise(e.sqlstate, &e.message, e.hint.as_deref()),
+            Present::ERROR,
+        );
+    }
+    if !alone {
+        return Action::Replace(
+            raise(
+                "25001",
+                "CREATE DATABASE cannot be executed within a multi-statement query",
+                Some("send CREATE DATABASE … PRIMARY REGION … as a query of its own"),
+            ),
+            Present::ERROR,
+        );
+    }
+    Action::CreateDatabase {
+        create: format!("CREATE DATABASE {}", ident(&name)),
+        name,
+    }
+}
+
 fn refused(what: &str, hint: &str) -> Outcome {
     Outcome::Rewritten(Translation {
         pieces: vec![Piece::Text(raise(
@@ -347,18 +384,7 @@ fn statement(text: &str, alone: bool) -> Action {
     }
     match parse(text) {
         Err(e) => Action::Replace(raise("42601", &e.message, None), Present::ERROR),
-        Ok(Some(Statement::CreateDatabase { name, .. })) if alone => Action::CreateDatabase {
-            create: format!("CREATE DATABASE {}", ident(&name)),
-            name,
-        },
-        Ok(Some(Statement::CreateDatabase { .. })) => Action::Replace(
-            raise(
-                "25001",
-                "CREATE DATABASE cannot be executed within a multi-statement query",
-                Some("send CREATE DATABASE … PRIMARY REGION … as a query of its own"),
-            ),
-            Present::ERROR,
-        ),
+        Ok(Some(s @ Statement::CreateDatabase { .. })) => create_database(s, alone),
         Ok(Some(s)) => match show_select(text, &s) {
             Some(select) => Action::Replace(select, show_present(&s)),
             None => Action::Replace(
@@ -659,6 +685,20 @@ pub fn show_columns(stmt: &Statement) -> Option<&'static [(&'static str, &'stati
             ("non_voting_replicas", "bigint[]"),
             ("replica_regions", "text[]"),
             ("generation", "bigint"),
+        ],
+        Statement::ShowDatabases => &[
+            ("database_name", "text"),
+            ("owner", "text"),
+            ("primary_region", "text"),
+            ("secondary_region", "text"),
+            ("regions", "text[]"),
+            ("survival_goal", "text"),
+        ],
+        Statement::ShowEnums => &[
+            ("schema", "text"),
+            ("name", "text"),
+            ("values", "text[]"),
+            ("owner", "text"),
         ],
         Statement::ShowTables { .. } => &[
             ("schema_name", "text"),

@@ -35,7 +35,8 @@ fn the_movr_tutorial_step_5_parses_verbatim() {
         ok("ALTER TABLE promo_codes SET locality GLOBAL;"),
         Statement::AlterTableSetLocality {
             table: name(&["promo_codes"]),
-            locality: Locality::Global
+            locality: Locality::Global,
+            if_exists: false
         }
     );
     // A plain PostgreSQL statement in the middle of the tutorial is PostgreSQL's.
@@ -63,7 +64,8 @@ fn the_movr_tutorial_step_5_parses_verbatim() {
             table: name(&["rides"]),
             locality: Locality::RegionalByRow {
                 column: Some("region".into())
-            }
+            },
+            if_exists: false
         }
     );
 }
@@ -150,9 +152,25 @@ fn every_database_form() {
 }
 
 #[test]
+fn set_locality_keeps_if_exists() {
+    assert_eq!(
+        ok("ALTER TABLE IF EXISTS missing SET LOCALITY GLOBAL"),
+        Statement::AlterTableSetLocality {
+            table: name(&["missing"]),
+            locality: Locality::Global,
+            if_exists: true
+        }
+    );
+}
+
+#[test]
 fn every_locality_form() {
     let set = |l: &str| match ok(&format!("ALTER TABLE s.t SET LOCALITY {l}")) {
-        Statement::AlterTableSetLocality { table, locality } => {
+        Statement::AlterTableSetLocality {
+            table,
+            locality,
+            if_exists: false,
+        } => {
             assert_eq!(table, name(&["s", "t"]));
             locality
         }

@@ -186,6 +186,23 @@ fn create_database_with_regions_is_created_then_configured() {
 }
 
 #[test]
+fn create_database_refused_by_cockroachdbs_rules_creates_nothing() {
+    for (sql, sqlstate) in [
+        ("CREATE DATABASE d SURVIVE REGION FAILURE", "42P12"),
+        (r#"CREATE DATABASE d REGIONS "us-east1""#, "42P12"),
+        (
+            r#"CREATE DATABASE d PRIMARY REGION "us-east1" REGIONS "us-west1", "us-west1""#,
+            "42602",
+        ),
+    ] {
+        // An error raised in place of the statement: no CREATE DATABASE reaches PostgreSQL.
+        let out = text(sql);
+        assert!(out.contains(sqlstate), "{sql}: {out}");
+        assert!(!out.contains("CREATE DATABASE d\""), "{sql}: {out}");
+    }
+}
+
+#[test]
 fn literals_survive_any_quoting_setting() {
     assert_eq!(literal(r"it's a \ test"), r"E'it''s a \\ test'");
     assert_eq!(ident(r#"a"b"#), r#""a""b""#);

@@ -36,6 +36,7 @@ pub const INVALID_DATABASE_DEFINITION: &str = "42P12";
 pub const INVALID_TABLE_DEFINITION: &str = "42P16";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const DEPENDENT_OBJECTS_STILL_EXIST: &str = "2BP01";
+pub const WRONG_OBJECT_TYPE: &str = "42809";
 
 fn err(sqlstate: &'static str, message: String, hint: Option<String>) -> DdlError {
     DdlError {
@@ -65,6 +66,39 @@ pub fn check_cluster_region(cluster: &BTreeSet<String>, region: &str) -> Result<
             format!("valid regions: {}", valid.join(", "))
         }),
     ))
+}
+
+/// `CREATE DATABASE db [PRIMARY REGION r] [REGIONS …] [SURVIVE …]`: what CockroachDB refuses
+/// before it creates anything (a survival goal or regions without a primary region, a region
+/// listed twice), so that neither door creates a database it then cannot configure.
+pub fn check_create_database(
+    primary_region: Option<&str>,
+    regions: &[String],
+    survival: Option<SurvivalGoal>,
+) -> Result<(), DdlError> {
+    if primary_region.is_none() && survival.is_some() {
+        return Err(err(
+            INVALID_DATABASE_DEFINITION,
+            "PRIMARY REGION must be specified when using SURVIVE".to_string(),
+            None,
+        ));
+    }
+    if primary_region.is_none() && !regions.is_empty() {
+        return Err(err(
+            INVALID_DATABASE_DEFINITION,
+            "PRIMARY REGION must be specified if REGIONS are specified".to_string(),
+            None,
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    match regions.iter().find(|r| !seen.insert(r.as_str())) {
+        Some(twice) => Err(err(
+            INVALID_NAME,
+            format!("region {} defined multiple times", q(twice)),
+            None,
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `ALTER DATABASE db [SET] PRIMARY REGION r`; the first one makes the database multi-region.

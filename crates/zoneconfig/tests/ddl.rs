@@ -302,3 +302,42 @@ fn locality_needs_a_multi_region_database_and_a_database_region() {
         r#"REGIONAL BY ROW AS "region""#
     );
 }
+
+#[test]
+fn create_database_refuses_regions_or_survival_without_a_primary_region_and_repeated_regions() {
+    let regions = |rs: &[&str]| rs.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+    let e = ddl::check_create_database(None, &[], Some(SurvivalGoal::Region)).unwrap_err();
+    assert_eq!(
+        (e.sqlstate, e.message.as_str()),
+        (
+            "42P12",
+            "PRIMARY REGION must be specified when using SURVIVE"
+        )
+    );
+    let e = ddl::check_create_database(None, &regions(&["us-east1"]), None).unwrap_err();
+    assert_eq!(
+        (e.sqlstate, e.message.as_str()),
+        (
+            "42P12",
+            "PRIMARY REGION must be specified if REGIONS are specified"
+        )
+    );
+    let e = ddl::check_create_database(
+        Some("us-east1"),
+        &regions(&["us-west1", "europe-west1", "us-west1"]),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        (e.sqlstate, e.message.as_str()),
+        ("42602", "region \"us-west1\" defined multiple times")
+    );
+    // The primary region may also be listed among the regions, as CockroachDB allows.
+    ddl::check_create_database(
+        Some("us-east1"),
+        &regions(&["us-east1", "us-west1"]),
+        Some(SurvivalGoal::Zone),
+    )
+    .unwrap();
+    ddl::check_create_database(None, &[], None).unwrap();
+}

@@ -151,8 +151,18 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             effect.changed |= replicated();
             tag("CREATE TABLE")
         }
-        Some(Statement::AlterTableSetLocality { table, locality }) => {
-            let relid = resolve_table(&object_sql(table))?;
+        Some(Statement::AlterTableSetLocality {
+            table,
+            locality,
+            if_exists,
+        }) => {
+            let relid = match resolve_table(&object_sql(table)) {
+                Err(MrError::NoSuchTable(name)) if *if_exists => {
+                    pgrx::notice!("relation \"{name}\" does not exist, skipping");
+                    return Ok(tag("ALTER TABLE SET LOCALITY"));
+                }
+                other => other?,
+            };
             set_locality(relid, locality, &mut effect)?;
             tag("ALTER TABLE SET LOCALITY")
         }
@@ -213,6 +223,8 @@ fn create_database(
     secondary_region: Option<&str>,
     effect: &mut Effect,
 ) -> Result<(), MrError> {
+    mr_zoneconfig::ddl::check_create_database(primary_region, regions, survival)
+        .map_err(MrError::Ddl)?;
     let current = catalog::database_name();
     let exists = spi::flag(
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)::text",

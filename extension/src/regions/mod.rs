@@ -11,6 +11,7 @@
 pub(crate) mod catalog;
 mod execute;
 mod fence;
+mod guard;
 mod rbr;
 mod replicate;
 mod show;
@@ -28,7 +29,10 @@ use std::collections::BTreeSet;
 
 pub(crate) use fence::before_ddl as fence_before_ddl;
 pub(crate) use fence::before_truncate as await_ranges_before_truncate;
-pub(crate) use replicate::{database_ddl, database_ddl_done, replicate_ddl, replicated_ddl};
+pub(crate) use guard::refuse_region_type_change;
+pub(crate) use replicate::{
+    database_ddl, database_ddl_done, replicate_ddl, replicated_ddl, trusting_foreign_keys,
+};
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);
 
@@ -507,12 +511,23 @@ fn set_locality_native(tbl: &str, locality: &str) {
 
 /// A table name as PostgreSQL resolves it in the caller's search path.
 fn resolve_table(name: &str) -> Result<Oid, MrError> {
-    let oid = spi::one(
-        "SELECT c.oid::text FROM pg_catalog.pg_class c WHERE c.oid = pg_catalog.to_regclass($1) \
-         AND c.relkind IN ('r', 'p')",
+    let row = spi::rows(
+        "SELECT c.oid::text, c.relkind::text, c.relname::text FROM pg_catalog.pg_class c \
+         WHERE c.oid = pg_catalog.to_regclass($1)",
         vec![name.into()],
     );
-    oid.and_then(|o| o.parse::<u32>().ok())
-        .map(Oid::from)
-        .ok_or_else(|| MrError::NoSuchTable(name.to_string()))
+    let col = |i: usize| row.first().and_then(|r| r.get(i).cloned().flatten());
+    match col(1).as_deref() {
+        None => Err(MrError::NoSuchTable(name.to_string())),
+        // Views, materialized views, sequences, foreign tables: CockroachDB's refusal.
+        Some(kind) if kind != "r" && kind != "p" => Err(MrError::Ddl(DdlError {
+            sqlstate: ddl::WRONG_OBJECT_TYPE,
+            message: format!("\"{}\" is not a table", col(2).unwrap_or_default()),
+            hint: None,
+        })),
+        Some(_) => col(0)
+            .and_then(|o| o.parse::<u32>().ok())
+            .map(Oid::from)
+            .ok_or_else(|| MrError::NoSuchTable(name.to_string())),
+    }
 }

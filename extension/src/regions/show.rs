@@ -108,9 +108,17 @@ fn zone_error(e: mr_zoneconfig::ZoneConfigError) -> MrError {
     MrError::Sidecar(e.to_string())
 }
 
-/// Rows of `query` as JSON objects with the columns in order.
-/// Every multi-region database of the cluster and its regions: from the meta group when pgmr
-/// manages this node (so every node answers the same), else this database alone.
+/// Every multi-region database of the cluster: from the meta group when pgmr manages this
+/// node (so every node answers the same), else this database alone.
+fn cluster_configs() -> Vec<mr_meta::DatabaseConfig> {
+    if crate::gucs::sidecar_socket().is_some() {
+        crate::sidecar::database_configs().or_raise()
+    } else {
+        catalog::load(false).0.into_iter().collect()
+    }
+}
+
+/// Every multi-region database of the cluster and its regions.
 #[pg_extern(schema = "multiregion", stable)]
 #[allow(clippy::type_complexity)]
 fn database_regions() -> TableIterator<
@@ -122,12 +130,7 @@ fn database_regions() -> TableIterator<
         name!(secondary_region, Option<String>),
     ),
 > {
-    let configs = if crate::gucs::sidecar_socket().is_some() {
-        crate::sidecar::database_configs().or_raise()
-    } else {
-        catalog::load(false).0.into_iter().collect()
-    };
-    TableIterator::new(configs.into_iter().map(|c| {
+    TableIterator::new(cluster_configs().into_iter().map(|c| {
         (
             c.database,
             c.regions.into_iter().collect(),
@@ -136,6 +139,52 @@ fn database_regions() -> TableIterator<
         )
     }))
 }
+
+/// Every multi-region database of the cluster with its survival goal and placement (what
+/// `SHOW DATABASES` and the SHOW forms naming another database print).
+#[pg_extern(schema = "multiregion", stable)]
+#[allow(clippy::type_complexity)]
+fn database_goals() -> TableIterator<
+    'static,
+    (
+        name!(database_name, String),
+        name!(survival_goal, String),
+        name!(placement, String),
+    ),
+> {
+    TableIterator::new(cluster_configs().into_iter().map(|c| {
+        (
+            c.database,
+            catalog::survival_str(c.survival).to_string(),
+            catalog::placement_str(c.placement).to_string(),
+        )
+    }))
+}
+
+/// A database named by a SHOW statement must exist (CockroachDB's error).
+fn database_exists(database: &str) -> Result<(), MrError> {
+    if spi::flag(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1)::text",
+        vec![database.into()],
+    ) {
+        return Ok(());
+    }
+    Err(MrError::Ddl(mr_zoneconfig::ddl::DdlError {
+        sqlstate: "3D000",
+        message: format!("database \"{database}\" does not exist"),
+        hint: None,
+    }))
+}
+
+/// `SHOW REGIONS FROM DATABASE d` for a database other than the session's: the same columns
+/// and order as `multiregion.regions`, from the cluster's configuration of `d`.
+const OTHER_DATABASE_REGIONS: &str = "\
+    WITH cluster AS (SELECT region, zones FROM multiregion.cluster_regions()) \
+    SELECT c.database_name AS database, r.region, r.region = c.primary_region AS \"primary\", \
+           r.region IS NOT DISTINCT FROM c.secondary_region AS secondary, \
+           COALESCE((SELECT zones FROM cluster WHERE cluster.region = r.region), '{}') AS zones \
+      FROM multiregion.database_regions() c, unnest(c.regions) AS r(region) \
+     WHERE c.database_name = $1 ORDER BY 3 DESC, 2";
 
 fn json_rows(query: &str, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<serde_json::Value> {
     spi::read_rows(
@@ -148,10 +197,12 @@ fn json_rows(query: &str, args: Vec<pgrx::datum::DatumWithOid<'_>>) -> Vec<serde
     .collect()
 }
 
-fn current_only(database: Option<&String>) -> Result<(), MrError> {
+/// The database a SHOW statement names, when it is not the session's (which the views in
+/// schema `multiregion` answer for); it must exist.
+fn other_database(database: Option<&String>) -> Result<Option<&String>, MrError> {
     match database {
-        Some(d) => super::require_current(d).map(|_| ()),
-        None => Ok(()),
+        Some(d) if *d != catalog::database_name() => database_exists(d).map(|_| Some(d)),
+        _ => Ok(None),
     }
 }
 
@@ -161,10 +212,10 @@ pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
             "SELECT region, zones FROM multiregion.cluster_regions()",
             vec![],
         ),
-        Statement::ShowRegions(ShowRegions::Database(db)) => {
-            current_only(db.as_ref())?;
-            json_rows("SELECT * FROM multiregion.regions", vec![])
-        }
+        Statement::ShowRegions(ShowRegions::Database(db)) => match other_database(db.as_ref())? {
+            Some(d) => json_rows(OTHER_DATABASE_REGIONS, vec![d.as_str().into()]),
+            None => json_rows("SELECT * FROM multiregion.regions", vec![]),
+        },
         Statement::ShowRegions(ShowRegions::All) => json_rows(
             "SELECT c.region, c.zones, \
                ARRAY(SELECT d.database_name FROM multiregion.database_regions() d \
@@ -184,10 +235,42 @@ pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
              WHERE NOT d.datistemplate ORDER BY 1",
             vec![],
         ),
-        Statement::ShowSurvivalGoal { database } => {
-            current_only(database.as_ref())?;
-            json_rows("SELECT * FROM multiregion.survival_goal", vec![])
-        }
+        Statement::ShowSurvivalGoal { database } => match other_database(database.as_ref())? {
+            Some(d) => json_rows(
+                "SELECT $1::text AS database, \
+                   (SELECT survival_goal FROM multiregion.database_goals() \
+                     WHERE database_name = $1) AS survival_goal",
+                vec![d.as_str().into()],
+            ),
+            None => json_rows("SELECT * FROM multiregion.survival_goal", vec![]),
+        },
+        Statement::ShowDatabases => json_rows(
+            "SELECT d.datname::text AS database_name, \
+               pg_catalog.pg_get_userbyid(d.datdba)::text AS owner, \
+               r.primary_region, r.secondary_region, COALESCE(r.regions, '{}') AS regions, \
+               g.survival_goal \
+             FROM pg_catalog.pg_database d \
+             LEFT JOIN multiregion.database_regions() r ON r.database_name = d.datname \
+             LEFT JOIN multiregion.database_goals() g ON g.database_name = d.datname \
+             WHERE NOT d.datistemplate ORDER BY 1",
+            vec![],
+        ),
+        // The region type is a domain here, an enum in CockroachDB: listed with the
+        // database's regions as its values, beside PostgreSQL's own enums.
+        Statement::ShowEnums => json_rows(
+            "SELECT n.nspname::text AS schema, t.typname::text AS name, \
+               CASE WHEN t.typtype = 'e' THEN \
+                 ARRAY(SELECT e.enumlabel::text FROM pg_catalog.pg_enum e \
+                        WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder) \
+               ELSE (SELECT ARRAY(SELECT unnest(c.regions) ORDER BY 1) \
+                       FROM multiregion.database_config c) END AS \"values\", \
+               pg_catalog.pg_get_userbyid(t.typowner)::text AS owner \
+             FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
+             WHERE (t.typtype = 'e' AND n.nspname NOT IN ('pg_catalog', 'information_schema')) \
+                OR t.oid = pg_catalog.to_regtype('public.crdb_internal_region') \
+             ORDER BY 1, 2",
+            vec![],
+        ),
         Statement::ShowZoneConfigurations => {
             json_rows("SELECT * FROM multiregion.zone_configurations", vec![])
         }
