@@ -3232,3 +3232,149 @@ async fn a_foreign_key_added_elsewhere_is_not_rechecked_against_a_lagging_copy()
     assert_eq!(converged(&nodes, &[0, 1, 2]).await.0, 3);
     check_consistency(&nodes[0]);
 }
+
+/// The foreign key of `table` named `name`, as node `node` prints it.
+async fn fk_def(node: &Node, table: &str, name: &str) -> Option<String> {
+    let mut c = connect(node, "mr").await?;
+    sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2",
+    )
+    .bind(table)
+    .bind(name)
+    .fetch_optional(&mut c)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// MovR's keys between REGIONAL BY ROW tables whose region is computed from `city` alike
+/// (`vehicles (city, owner_id) → users (city, id)`) include the region once both tables are
+/// REGIONAL BY ROW, on every node: a vehicle's check and its lock are taken in the owner's
+/// partition in the row's own region, not in `users`' key table in the primary region. The
+/// key means what it meant: a missing owner is 23503 through any node, an owner with
+/// vehicles cannot go, a cascade still reaches the vehicles. When `users` stops being
+/// REGIONAL BY ROW the key loses the region again; a key the region cannot be added to
+/// (ON DELETE SET NULL) is left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_between_tables_computing_the_region_alike_are_checked_in_the_rows_region() {
+    let dir = scratch("data-fk-local");
+    let nodes = start_cluster(dir.path(), 65, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = regional_accounts(&nodes).await;
+    let region = "CASE WHEN city IN ('new york', 'boston') THEN 'us-east1' \
+                  WHEN city IN ('seattle', 'los angeles') THEN 'us-west1' ELSE 'europe-west1' END";
+    let mut statements = vec![
+        "CREATE TABLE users (city text, id int, name text, PRIMARY KEY (city, id))".to_string(),
+        "CREATE TABLE vehicles (city text, id int, owner_id int, PRIMARY KEY (city, id), \
+         CONSTRAINT vehicles_owner FOREIGN KEY (city, owner_id) REFERENCES users (city, id) ON DELETE CASCADE)"
+            .to_string(),
+        "CREATE TABLE notes (city text, id int PRIMARY KEY, owner_id int, \
+         CONSTRAINT notes_owner FOREIGN KEY (city, owner_id) REFERENCES users (city, id) ON DELETE SET NULL)"
+            .to_string(),
+    ];
+    for t in ["users", "vehicles", "notes"] {
+        statements.push(format!(
+            "ALTER TABLE {t} ADD COLUMN region crdb_internal_region AS ({region}) STORED"
+        ));
+        statements.push(format!("ALTER TABLE {t} ALTER COLUMN region SET NOT NULL"));
+        statements.push(format!(
+            r#"ALTER TABLE {t} SET LOCALITY REGIONAL BY ROW AS "region""#
+        ));
+    }
+    let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+    execute_all(&mut m, &statements).await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the vehicles' key includes the region", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let def = fk_def(n, "vehicles", "vehicles_owner").await?;
+                (def == "FOREIGN KEY (region, city, owner_id) REFERENCES users(region, city, id) ON DELETE CASCADE")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        fk_def(&nodes[0], "notes", "notes_owner").await.unwrap(),
+        "FOREIGN KEY (city, owner_id) REFERENCES multiregion_keys.users_users_pkey(city, id) ON DELETE SET NULL",
+        "SET NULL would null the region: left as it was"
+    );
+
+    // Through the us-west1 node, for a seattle owner; through node 1 for a paris one.
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    exec_once_settled(
+        &mut west,
+        "INSERT INTO users (city, id, name) VALUES ('seattle', 1, 'ann')",
+    )
+    .await;
+    exec_once_settled(
+        &mut west,
+        "INSERT INTO vehicles (city, id, owner_id) VALUES ('seattle', 10, 1)",
+    )
+    .await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec_once_settled(
+        &mut east,
+        "INSERT INTO users (city, id, name) VALUES ('paris', 2, 'bob')",
+    )
+    .await;
+    exec_once_settled(
+        &mut east,
+        "INSERT INTO vehicles (city, id, owner_id) VALUES ('paris', 20, 2)",
+    )
+    .await;
+    for (node, sql) in [
+        (
+            1,
+            "INSERT INTO vehicles (city, id, owner_id) VALUES ('seattle', 11, 2)",
+        ),
+        (
+            0,
+            "INSERT INTO vehicles (city, id, owner_id) VALUES ('paris', 21, 1)",
+        ),
+        (0, "UPDATE vehicles SET owner_id = 3 WHERE id = 10"),
+    ] {
+        let c = if node == 0 { &mut east } else { &mut west };
+        let err = sqlx::query(sql).execute(&mut *c).await.expect_err(sql);
+        assert_eq!(code(&err), "23503", "{sql}: {err}");
+        assert!(err.to_string().contains("vehicles_owner"), "{err}");
+    }
+    exec(&mut east, "DELETE FROM users WHERE id = 1").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the cascade removed seattle's vehicle", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let v = count_in(n, "SELECT count(*) FROM vehicles").await?;
+                (v == 1).then_some(())
+            },
+        )
+        .await;
+    }
+
+    exec(&mut m, r#"SELECT multiregion.execute('ALTER TABLE users SET LOCALITY REGIONAL BY TABLE IN PRIMARY REGION')"#).await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the key without the region again", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let def = fk_def(n, "vehicles", "vehicles_owner").await?;
+                (def == "FOREIGN KEY (city, owner_id) REFERENCES users(city, id) ON DELETE CASCADE")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    let err = sqlx::query("INSERT INTO vehicles (city, id, owner_id) VALUES ('paris', 22, 9)")
+        .execute(&mut west)
+        .await
+        .expect_err("owner 9 does not exist");
+    assert_eq!(code(&err), "23503", "{err}");
+    exec_once_settled(
+        &mut west,
+        "INSERT INTO vehicles (city, id, owner_id) VALUES ('paris', 22, 2)",
+    )
+    .await;
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}

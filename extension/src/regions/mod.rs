@@ -12,6 +12,7 @@ pub(crate) mod catalog;
 mod execute;
 mod fence;
 mod guard;
+mod local_fk;
 mod rbr;
 mod replicate;
 mod show;

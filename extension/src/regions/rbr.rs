@@ -688,6 +688,7 @@ pub fn convert_to_rbr(relid: Oid, column: &str, config: &DatabaseConfig) -> Resu
         None,
     );
     catalog::store_locality(new, &row, None);
+    super::local_fk::localize(new);
     Ok(new)
 }
 
@@ -837,6 +838,8 @@ pub fn convert_from_rbr(relid: Oid, current: &LocalityRow) -> Result<Oid, MrErro
     .into_iter()
     .map(|r| (col(&r, 0), col(&r, 1).split('\u{1}').map(str::to_string).collect(), col(&r, 2)))
     .collect();
+    // Keys made local to the row's region lose the region, which leaves the unique keys.
+    let local_fks = super::local_fk::take_local(relid);
     let mut shape = capture(relid)?;
     // Foreign keys that reference the key tables come back to the table.
     let mut incoming = vec![];
@@ -925,6 +928,7 @@ pub fn convert_from_rbr(relid: Oid, current: &LocalityRow) -> Result<Oid, MrErro
             ident(&fk.name)
         ));
     }
+    super::local_fk::restore(new, local_fks);
     run_with(
         "DELETE FROM multiregion.table_locality WHERE relid = $1",
         vec![relid.into()],
