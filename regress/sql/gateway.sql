@@ -37,6 +37,15 @@ SELECT * FROM [SHOW DATABASES] WHERE database_name IN ('gw', 'defaultdb');
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
 SHOW ENUMS;
 DROP TYPE mood;
+CREATE SEQUENCE gw_seq;
+SHOW SEQUENCES;
+DROP SEQUENCE gw_seq;
+SET CLUSTER SETTING regress.gateway_setting = '5m0s';
+SHOW CLUSTER SETTING regress.gateway_setting;
+SELECT * FROM [SHOW ALL CLUSTER SETTINGS] WHERE variable LIKE 'regress.%';
+RESET CLUSTER SETTING regress.gateway_setting;
+SHOW CLUSTER SETTING regress.gateway_setting;
+SET CLUSTER SETTING regress.gateway_setting;
 
 -- Region and survival DDL: CockroachDB's command tags.
 ALTER DATABASE gw DROP REGION "europe-west1";

@@ -123,6 +123,20 @@ pub enum Statement {
     ShowDatabases,
     /// `SHOW ENUMS`: the region type among them.
     ShowEnums,
+    /// `SHOW SEQUENCES`.
+    ShowSequences,
+    /// `SET CLUSTER SETTING name = value`; `None` is `RESET CLUSTER SETTING name` (or
+    /// `= DEFAULT`).
+    SetClusterSetting {
+        name: String,
+        value: Option<String>,
+    },
+    /// `SHOW CLUSTER SETTING name`: one row, one column named after the setting.
+    ShowClusterSetting {
+        name: String,
+    },
+    /// `SHOW [ALL] CLUSTER SETTINGS`: the settings that have been set.
+    ShowClusterSettings,
 }
 
 /// What `SHOW RANGES` lists.
@@ -161,6 +175,10 @@ impl Statement {
             Statement::ShowRanges(_) => "SHOW RANGES",
             Statement::ShowDatabases => "SHOW DATABASES",
             Statement::ShowEnums => "SHOW ENUMS",
+            Statement::ShowSequences => "SHOW SEQUENCES",
+            Statement::SetClusterSetting { .. } => "SET CLUSTER SETTING",
+            Statement::ShowClusterSetting { .. } => "SHOW CLUSTER SETTING",
+            Statement::ShowClusterSettings => "SHOW CLUSTER SETTINGS",
         }
     }
 }

@@ -160,8 +160,56 @@ impl<'a> Parser<'a> {
             Some("create") => self.create(),
             Some("alter") => self.alter(),
             Some("show") => self.show(),
+            Some("set") | Some("reset")
+                if self.peek_word_at(1) == Some("cluster")
+                    && self.peek_word_at(2) == Some("setting") =>
+            {
+                self.cluster_setting()
+            }
             _ => Ok(None),
         }
+    }
+
+    /// A cluster setting's dotted name (`server.time_until_store_dead`).
+    fn setting_name(&mut self) -> R<String> {
+        let mut name = self.ident()?;
+        while self.eat_punct('.') {
+            name.push('.');
+            name.push_str(&self.ident()?);
+        }
+        Ok(name)
+    }
+
+    /// `SET CLUSTER SETTING name {= | TO} value` / `RESET CLUSTER SETTING name`.
+    fn cluster_setting(&mut self) -> R<Option<Statement>> {
+        let reset = self.peek_word() == Some("reset");
+        self.pos += 3;
+        let name = self.setting_name()?;
+        let value = if reset {
+            None
+        } else {
+            if !self.eat_punct('=') {
+                self.expect("to")?;
+            }
+            let value = match self.peek().map(|t| t.tok.clone()) {
+                Some(Tok::Word(w)) if w == "default" => None,
+                Some(Tok::Str(s)) => Some(s),
+                Some(Tok::Number(n)) => Some(n),
+                Some(Tok::Word(w)) => Some(w),
+                Some(Tok::Op(o)) if o == "-" => {
+                    self.pos += 1;
+                    match self.peek().map(|t| t.tok.clone()) {
+                        Some(Tok::Number(n)) => Some(format!("-{n}")),
+                        _ => return Err(self.error()),
+                    }
+                }
+                _ => return Err(self.error()),
+            };
+            self.pos += 1;
+            value
+        };
+        self.end()?;
+        Ok(Some(Statement::SetClusterSetting { name, value }))
     }
 
     fn create(&mut self) -> R<Option<Statement>> {
@@ -573,6 +621,25 @@ impl<'a> Parser<'a> {
             Some("enums") => {
                 self.pos += 1;
                 Statement::ShowEnums
+            }
+            Some("sequences") => {
+                self.pos += 1;
+                Statement::ShowSequences
+            }
+            Some("cluster") if self.peek_word_at(1) == Some("setting") => {
+                self.pos += 2;
+                Statement::ShowClusterSetting {
+                    name: self.setting_name()?,
+                }
+            }
+            Some("cluster") if self.peek_word_at(1) == Some("settings") => {
+                self.pos += 2;
+                Statement::ShowClusterSettings
+            }
+            Some("all") if self.peek_word_at(1) == Some("cluster") => {
+                self.pos += 2;
+                self.expect("settings")?;
+                Statement::ShowClusterSettings
             }
             Some("tables") => {
                 self.pos += 1;

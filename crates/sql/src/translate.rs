@@ -191,6 +191,7 @@ const TRIGGERS: &[&[u8]] = &[
     b"locality",
     b"stored",
     b"system",
+    b"cluster",
 ];
 
 fn may_need_translation(sql: &str) -> bool {
@@ -700,6 +701,8 @@ pub fn show_columns(stmt: &Statement) -> Option<&'static [(&'static str, &'stati
             ("values", "text[]"),
             ("owner", "text"),
         ],
+        Statement::ShowSequences => &[("sequence_schema", "text"), ("sequence_name", "text")],
+        Statement::ShowClusterSettings => &[("variable", "text"), ("value", "text")],
         Statement::ShowTables { .. } => &[
             ("schema_name", "text"),
             ("table_name", "text"),
@@ -729,6 +732,15 @@ fn show_present(stmt: &Statement) -> Present {
 /// JSON object: the same result over the simple and the extended protocol (where a Describe
 /// must know the columns before anything runs).
 fn show_select(text: &str, stmt: &Statement) -> Option<String> {
+    if let Statement::ShowClusterSetting { name } = stmt {
+        // One column, named after the setting, as CockroachDB names it.
+        return Some(format!(
+            "SELECT s.* FROM multiregion.execute({}) WITH ORDINALITY AS e(j, n), \
+             pg_catalog.json_to_record(e.j) AS s({} text) ORDER BY e.n",
+            literal(text),
+            ident(name)
+        ));
+    }
     let cols = show_columns(stmt)?;
     let defs = cols
         .iter()

@@ -403,3 +403,42 @@ fn no_input_makes_it_panic() {
         let _ = parse(&String::from_utf8_lossy(&bytes));
     }
 }
+
+#[test]
+fn cluster_settings_and_more_show_forms() {
+    let set = |name: &str, value: Option<&str>| Statement::SetClusterSetting {
+        name: name.into(),
+        value: value.map(String::from),
+    };
+    assert_eq!(
+        ok("SET CLUSTER SETTING server.time_until_store_dead = '5m0s'"),
+        set("server.time_until_store_dead", Some("5m0s"))
+    );
+    assert_eq!(
+        ok("set cluster setting multiregion.replication.enabled to true"),
+        set("multiregion.replication.enabled", Some("true"))
+    );
+    assert_eq!(
+        ok("SET CLUSTER SETTING kv.closed_timestamp.target_duration = -1"),
+        set("kv.closed_timestamp.target_duration", Some("-1"))
+    );
+    assert_eq!(ok("SET CLUSTER SETTING a.b = DEFAULT"), set("a.b", None));
+    assert_eq!(ok("RESET CLUSTER SETTING a.b;"), set("a.b", None));
+    assert!(parse("SET CLUSTER SETTING a.b").is_err());
+    assert!(parse("SET CLUSTER SETTING a.b = 1 2").is_err());
+    assert_eq!(
+        ok("SHOW CLUSTER SETTING a.b"),
+        Statement::ShowClusterSetting { name: "a.b".into() }
+    );
+    assert_eq!(
+        ok("SHOW ALL CLUSTER SETTINGS"),
+        Statement::ShowClusterSettings
+    );
+    assert_eq!(ok("SHOW CLUSTER SETTINGS"), Statement::ShowClusterSettings);
+    assert_eq!(ok("SHOW SEQUENCES"), Statement::ShowSequences);
+    assert_eq!(ok("SHOW DATABASES"), Statement::ShowDatabases);
+    assert_eq!(ok("SHOW ENUMS"), Statement::ShowEnums);
+    // PostgreSQL's own SET and SHOW stay PostgreSQL's.
+    assert_eq!(parse("SET search_path = public"), Ok(None));
+    assert_eq!(parse("SHOW search_path"), Ok(None));
+}

@@ -151,7 +151,7 @@ fn set_cluster_setting(name: Option<&str>, value: Option<&str>) {
     set_setting(name, value).or_raise()
 }
 
-fn set_setting(name: Option<&str>, value: Option<&str>) -> Result<(), MrError> {
+pub(crate) fn set_setting(name: Option<&str>, value: Option<&str>) -> Result<(), MrError> {
     if !is_superuser() {
         return Err(MrError::NotSuperuser);
     }

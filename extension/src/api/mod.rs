@@ -4,7 +4,7 @@
 //! [`crate::error::MrError`] as a PostgreSQL error with its SQLSTATE and hint.
 
 mod crdb;
-mod meta;
+pub(crate) mod meta;
 mod node;
 
 use crate::error::MrError;

@@ -171,6 +171,10 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             effect.changed = replicated();
             tag("ALTER TABLE")
         }
+        Some(Statement::SetClusterSetting { name, value }) => {
+            crate::api::meta::set_setting(Some(name), value.as_deref())?;
+            tag("SET CLUSTER SETTING")
+        }
         Some(show_stmt) => show::run(show_stmt)?,
     };
     finish(effect, sql, origin)?;

@@ -255,6 +255,27 @@ pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
              WHERE NOT d.datistemplate ORDER BY 1",
             vec![],
         ),
+        Statement::ShowSequences => json_rows(
+            "SELECT n.nspname::text AS sequence_schema, c.relname::text AS sequence_name \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind = 'S' \
+               AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion') \
+             ORDER BY 1, 2",
+            vec![],
+        ),
+        // A setting never set shows NULL: pgmr keeps only the settings that were set, and
+        // each reader applies its own default.
+        Statement::ShowClusterSetting { name } => json_rows(
+            &format!(
+                "SELECT (SELECT value FROM multiregion.cluster_settings WHERE variable = $1) AS {}",
+                spi::ident(name)
+            ),
+            vec![name.as_str().into()],
+        ),
+        Statement::ShowClusterSettings => json_rows(
+            "SELECT variable, value FROM multiregion.cluster_settings",
+            vec![],
+        ),
         // The region type is a domain here, an enum in CockroachDB: listed with the
         // database's regions as its values, beside PostgreSQL's own enums.
         Statement::ShowEnums => json_rows(
