@@ -1180,7 +1180,7 @@ async fn a_schema_change_reaches_every_replica_in_order_with_the_rows_around_it(
 }
 
 /// A transaction too large for one Raft entry (about 16 MB of rows: openraft 0.9 must send
-/// each AppendEntries within a heartbeat interval, so pgmr splits it into 1 MiB entries)
+/// each AppendEntries within a heartbeat interval, so pgmr splits it into 512 KiB entries)
 /// commits on the leaseholder and reaches both followers whole: a reader on a follower,
 /// polling while it is replicated, sees none of its rows or all of them, never a part.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3145,15 +3145,6 @@ async fn a_sequence_hands_out_each_value_once_through_every_node() {
     );
 }
 
-/// One value a query returns on `node`'s database `db`, or `None` while it fails.
-async fn maybe_value_in(node: &Node, db: &str, sql: &str) -> Option<i64> {
-    let mut c = connect(node, db).await?;
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(&mut c)
-        .await
-        .ok()
-}
-
 /// A foreign key added by a schema change is checked where the change is made, against a
 /// copy that is up to date, and taken as valid by every node that applies the change after
 /// it: a node whose copy of the referenced table lags (here node 3 lacks a parent row,
@@ -3179,7 +3170,7 @@ async fn a_foreign_key_added_elsewhere_is_not_rechecked_against_a_lagging_copy()
             "both owners on every node",
             Duration::from_secs(30),
             || async {
-                (maybe_value_in(n, "bank", "SELECT count(*) FROM owners").await? == 2).then_some(())
+                (count_in_db(n, "bank", "SELECT count(*) FROM owners").await? == 2).then_some(())
             },
         )
         .await;
@@ -3203,7 +3194,7 @@ async fn a_foreign_key_added_elsewhere_is_not_rechecked_against_a_lagging_copy()
             &format!("node {} to have the valid foreign key", i + 1),
             Duration::from_secs(30),
             || async {
-                let valid = maybe_value_in(
+                let valid = count_in_db(
                     n,
                     "bank",
                     "SELECT count(*) FROM pg_constraint \

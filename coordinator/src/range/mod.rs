@@ -310,7 +310,7 @@ struct Resolved {
 /// A transaction's rows in one range beyond this many bytes become several entries
 /// ([`types::Chunk`]): openraft 0.9 sends each AppendEntries within one heartbeat interval,
 /// so no single entry may take longer than that to travel, be decoded and be made durable.
-const ENTRY_BYTES: usize = 1 << 20;
+const ENTRY_BYTES: usize = 512 << 10;
 /// How much longer each entry of a large transaction may take to commit.
 const CHUNK_WAIT: Duration = Duration::from_secs(1);
 
