@@ -124,6 +124,14 @@ fn installed(node: &Node) -> usize {
         .count()
 }
 
+/// How many replicas this node has stopped and forgotten.
+fn forgot(node: &Node) -> usize {
+    node.log()
+        .lines()
+        .filter(|l| l.contains("this node no longer holds a replica of the range"))
+        .count()
+}
+
 /// Four nodes (three in us-east1, one in us-west1) with snapshots every 10 entries, replication
 /// on, and database `bank` with primary region us-east1; a connection to it through node 1.
 async fn east_bank(dir: &std::path::Path, block: u16) -> (Vec<Node>, PgConnection) {
@@ -187,15 +195,19 @@ async fn replicas_that_join_or_fall_behind_start_from_a_snapshot_of_the_ranges_r
         || async { (installed(&nodes[3]) > 0).then_some(()) },
     )
     .await;
-    // It leaves and joins again at once (a region dropped and added back): a fresh replica,
-    // whatever its previous incarnation left behind.
-    for sql in [
-        r#"ALTER DATABASE bank DROP REGION "us-west1""#,
-        r#"ALTER DATABASE bank ADD REGION "us-west1""#,
-    ] {
-        execute_all(&mut b, &[sql]).await;
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-    }
+    // It leaves, is forgotten (its log and rows dropped once it has been unlisted for
+    // KEEP_UNLISTED), and joins again: a fresh replica, whatever its previous incarnation left
+    // behind. (Added back sooner, it would find its log and catch up from it, or from a
+    // snapshot only if the leader had purged past it: a race this test must not depend on.)
+    let forgotten = forgot(&nodes[3]);
+    execute_all(&mut b, &[r#"ALTER DATABASE bank DROP REGION "us-west1""#]).await;
+    eventually(
+        "node 4 forgets its replica",
+        Duration::from_secs(60),
+        || async { (forgot(&nodes[3]) > forgotten).then_some(()) },
+    )
+    .await;
+    execute_all(&mut b, &[r#"ALTER DATABASE bank ADD REGION "us-west1""#]).await;
     eventually(
         "node 4 installs a snapshot again",
         Duration::from_secs(60),
