@@ -87,6 +87,64 @@ SHOW TABLES;
 INSERT INTO accounts VALUES (1, 'ada');
 SELECT crdb_region, * FROM accounts;
 INSERT INTO stores (id, city) VALUES (1, 'paris'), (2, 'boston') RETURNING region;
+-- SHOW CREATE, SHOW INDEXES, SHOW PARTITIONS: the LOCALITY clause, the hidden and the computed
+-- region column, keys as declared (the region prefix PostgreSQL's partitioning needs is
+-- implicit), views and sequences.
+CREATE INDEX stores_city_idx ON stores (city DESC) INCLUDE (region);
+SHOW CREATE TABLE accounts;
+SHOW CREATE stores;
+SHOW CREATE TABLE settings;
+SHOW CREATE TABLE plain;
+CREATE VIEW plain_view AS SELECT id FROM plain;
+CREATE SEQUENCE plain_seq;
+SELECT create_statement FROM [SHOW CREATE plain_view];
+SELECT create_statement FROM [SHOW CREATE plain_seq];
+DROP VIEW plain_view;
+DROP SEQUENCE plain_seq;
+SHOW CREATE TABLE nosuch;
+SHOW CREATE DATABASE gw;
+SHOW CREATE DATABASE defaultdb;
+SHOW CREATE DATABASE nosuchdb;
+SHOW INDEXES FROM stores;
+SELECT index_name, column_name, implicit FROM [SHOW INDEX FROM accounts] ORDER BY 1, 2;
+SHOW PARTITIONS FROM TABLE stores;
+SELECT table_name, partition_name, index_name FROM [SHOW PARTITIONS FROM DATABASE gw]
+ ORDER BY 1, 3, 2;
+SELECT count(*) FROM [SHOW PARTITIONS FROM INDEX stores@stores_city_idx];
+SHOW PARTITIONS FROM INDEX stores@nosuch_idx;
+SHOW PARTITIONS FROM TABLE settings;
+\c defaultdb
+SELECT table_name, partition_name, index_name FROM [SHOW PARTITIONS FROM DATABASE gw]
+ ORDER BY 1, 2;
+SHOW CREATE DATABASE gw;
+\c gw
+-- CockroachDB's table elements: inline indexes, FAMILY, ordered keys, the reused "primary",
+-- STRING and BYTES, NOT VISIBLE, VIRTUAL, UNIQUE WITHOUT INDEX.
+CREATE TABLE crdb_style (
+    id INT NOT NULL,
+    name STRING NOT NULL,
+    data BYTES,
+    code STRING(4) NOT VISIBLE,
+    doubled INT AS (id * 2) VIRTUAL,
+    CONSTRAINT "primary" PRIMARY KEY (id ASC),
+    INDEX crdb_style_by_name (name DESC) STORING (data),
+    UNIQUE INDEX (name),
+    UNIQUE WITHOUT INDEX (code),
+    FAMILY "primary" (id, name, data)
+);
+CREATE TABLE crdb_style_too (id INT, CONSTRAINT "primary" PRIMARY KEY (id)) LOCALITY GLOBAL;
+SHOW CREATE TABLE crdb_style;
+SELECT index_name, column_name, direction, storing FROM [SHOW INDEXES FROM crdb_style]
+ ORDER BY 1, seq_in_index;
+INSERT INTO crdb_style (id, name) VALUES (1, 'a') RETURNING doubled;
+INSERT INTO crdb_style (id, name) VALUES (2, 'a');
+CREATE TABLE crdb_bad (a STRING, INDEX (a) USING HASH);
+SELECT to_regclass('crdb_bad') AS crdb_bad_exists;
+DROP TABLE crdb_style, crdb_style_too;
+CREATE DATABASE IF NOT EXISTS gw;
+CREATE DATABASE IF NOT EXISTS gw_plain;
+SELECT count(*) FROM pg_database WHERE datname = 'gw_plain';
+DROP DATABASE gw_plain;
 
 -- UPSERT: insert, or overwrite on a primary-key conflict.
 UPSERT INTO settings VALUES ('a', '1'), ('b', '2');

@@ -144,3 +144,13 @@ VALUES ('00000000-0000-0000-0000-000000000001', 'rome', 'Ada', 'Via 1', '4242') 
 INSERT INTO users (id, city, name) VALUES ('00000000-0000-0000-0000-000000000001', 'boston', 'Bob');
 UPSERT INTO promo_codes (code, description) VALUES ('code1', 'upserted'), ('code99', 'new');
 SELECT code, description FROM promo_codes WHERE code IN ('code1', 'code99') ORDER BY code;
+-- The schema as CockroachDB prints it: LOCALITY, the computed region column, keys without
+-- the implicit region prefix; the foreign key checked in the row's region names the region.
+SHOW CREATE TABLE vehicles;
+SHOW CREATE TABLE promo_codes;
+SELECT index_name, seq_in_index, column_name, implicit FROM [SHOW INDEXES FROM vehicles]
+ ORDER BY 1, 2;
+SELECT index_name, partition_name, partition_value, zone_config
+  FROM [SHOW PARTITIONS FROM TABLE users] ORDER BY 1, 2;
+SELECT table_name, count(*) FROM [SHOW PARTITIONS FROM DATABASE movr] GROUP BY 1 ORDER BY 1;
+SHOW CREATE DATABASE movr;

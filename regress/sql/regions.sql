@@ -94,6 +94,9 @@ SELECT count(*) FROM pg_inherits WHERE inhparent = 'accounts'::regclass;
 SELECT multiregion.execute('ALTER DATABASE regress_mr ADD REGION "europe-west1"');
 SELECT count(*) FROM pg_inherits WHERE inhparent = 'accounts'::regclass;
 SELECT * FROM multiregion.execute('SHOW ZONE CONFIGURATION FROM TABLE accounts');
+SELECT * FROM multiregion.execute('SHOW CREATE TABLE accounts');
+SELECT * FROM multiregion.execute('SHOW INDEXES FROM accounts');
+SELECT * FROM multiregion.execute('SHOW CREATE DATABASE regress_mr');
 SELECT target FROM multiregion.zone_configurations;
 
 -- Back to REGIONAL BY TABLE: the hidden column goes, keys and rows stay.

@@ -261,6 +261,7 @@ enum Deferred {
         name: String,
         create: String,
         configure: String,
+        if_not_exists: bool,
     },
 }
 
@@ -467,11 +468,13 @@ impl Session {
                         name,
                         create,
                         configure,
+                        if_not_exists,
                     } => {
                         self.deferred = Some(Deferred::CreateDatabase {
                             name,
                             create,
                             configure,
+                            if_not_exists,
                         })
                     }
                 }
@@ -804,8 +807,9 @@ impl Session {
                 name,
                 create,
                 configure,
+                if_not_exists,
             } => {
-                self.create_database(&name, &create, &configure, sr, sw, sbuf)
+                self.create_database(&name, &create, &configure, if_not_exists, sr, sw, sbuf)
                     .await?;
                 Ok(None)
             }
@@ -853,18 +857,47 @@ impl Session {
         Ok((error, status))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn create_database(
         &mut self,
         name: &str,
         create: &str,
         configure: &str,
+        if_not_exists: bool,
         sr: &mut tokio::net::unix::OwnedReadHalf,
         sw: &mut tokio::net::unix::OwnedWriteHalf,
         sbuf: &mut BytesMut,
     ) -> Result<()> {
         let (error, status) = self.own_query(create, sr, sw, sbuf).await?;
+        let exists = |e: &[u8]| {
+            proto::read_fields(e)
+                .map(|f| f.iter().any(|(k, v)| *k == b'C' && v == "42P04"))
+                .unwrap_or(false)
+        };
         if let Some(e) = error {
-            self.to_client.extend_from_slice(&e);
+            if if_not_exists && exists(&e) {
+                // CockroachDB's IF NOT EXISTS: the database stays as it is, options and all.
+                proto_into(&mut self.to_client, |o| {
+                    proto::fields_message(
+                        o,
+                        b'N',
+                        &[
+                            (b'S', "NOTICE".to_string()),
+                            (b'V', "NOTICE".to_string()),
+                            (b'C', "42P04".to_string()),
+                            (
+                                b'M',
+                                format!("database \"{name}\" already exists, skipping"),
+                            ),
+                        ],
+                    )
+                });
+                proto_into(&mut self.to_client, |o| {
+                    proto::command_complete(o, "CREATE DATABASE")
+                });
+            } else {
+                self.to_client.extend_from_slice(&e);
+            }
         } else {
             match self
                 .gw

@@ -92,6 +92,8 @@ pub enum Statement {
         table: ObjectName,
         sql: String,
         locality: Option<Locality>,
+        /// CockroachDB's inline indexes, as `CREATE INDEX` statements to run after `sql`.
+        indexes: Vec<String>,
     },
     /// `ALTER TABLE [IF EXISTS] t SET LOCALITY …`.
     AlterTableSetLocality {
@@ -137,6 +139,30 @@ pub enum Statement {
     },
     /// `SHOW [ALL] CLUSTER SETTINGS`: the settings that have been set.
     ShowClusterSettings,
+    /// `SHOW CREATE [TABLE] t` / `SHOW CREATE DATABASE d`: the statement that would create it,
+    /// as CockroachDB prints it.
+    ShowCreate(CreateTarget),
+    /// `SHOW INDEXES FROM t` (also `SHOW INDEX`, `SHOW KEYS`): one row per index column.
+    ShowIndexes {
+        table: ObjectName,
+    },
+    /// `SHOW PARTITIONS FROM TABLE t | FROM DATABASE d | FROM INDEX t@i`.
+    ShowPartitions(PartitionsFrom),
+}
+
+/// What `SHOW CREATE` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateTarget {
+    Table(ObjectName),
+    Database(String),
+}
+
+/// What `SHOW PARTITIONS` lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionsFrom {
+    Table(ObjectName),
+    Database(String),
+    Index { table: ObjectName, index: String },
 }
 
 /// What `SHOW RANGES` lists.
@@ -179,6 +205,9 @@ impl Statement {
             Statement::SetClusterSetting { .. } => "SET CLUSTER SETTING",
             Statement::ShowClusterSetting { .. } => "SHOW CLUSTER SETTING",
             Statement::ShowClusterSettings => "SHOW CLUSTER SETTINGS",
+            Statement::ShowCreate(_) => "SHOW CREATE",
+            Statement::ShowIndexes { .. } => "SHOW INDEXES",
+            Statement::ShowPartitions(_) => "SHOW PARTITIONS",
         }
     }
 }

@@ -16,6 +16,7 @@ mod ast;
 mod lex;
 mod parse;
 mod star;
+mod table;
 mod translate;
 
 pub use ast::*;

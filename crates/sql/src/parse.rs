@@ -276,7 +276,8 @@ impl<'a> Parser<'a> {
             }
             ours = ours || self.pos > before;
         }
-        if !ours {
+        // `IF NOT EXISTS` alone is CockroachDB's too: PostgreSQL has no such form.
+        if !ours && !if_not_exists {
             return Ok(None);
         }
         Ok(Some(Statement::CreateDatabase {
@@ -444,7 +445,10 @@ impl<'a> Parser<'a> {
 
     fn create_table(&mut self) -> R<Option<Statement>> {
         self.if_exists(true)?;
+        let name_from = self.peek().map_or(0, |t| t.start);
         let table = self.object_name()?;
+        let name_to = self.toks[self.pos - 1].end;
+        let open_at = self.peek().map(|t| t.start);
         // LOCALITY at parenthesis depth 0, after the column list.
         let mut depth = 0i32;
         let mut locality_at = None;
@@ -469,14 +473,30 @@ impl<'a> Parser<'a> {
             None => (self.sql.len(), None),
         };
         let body = self.sql[..body_end].trim_end();
-        let rewritten = self.rewrite_computed_in(body)?;
-        if locality.is_none() && rewritten.is_none() {
+        let computed = self.rewrite_computed_in(body)?;
+        let text = computed.as_deref().unwrap_or(body);
+        // The element list starts where it did: the computed columns' rewrite is inside it.
+        let elements = match open_at {
+            Some(at) => crate::table::rewrite_elements(
+                text,
+                at,
+                &self.sql[name_from..name_to],
+                table.0.last().map_or("", String::as_str),
+            )?,
+            None => None,
+        };
+        if locality.is_none() && computed.is_none() && elements.is_none() {
             return Ok(None);
         }
+        let (sql, indexes) = match elements {
+            Some(r) => (r.sql, r.indexes),
+            None => (text.to_string(), vec![]),
+        };
         Ok(Some(Statement::CreateTable {
             table,
-            sql: rewritten.unwrap_or_else(|| body.to_string()),
+            sql,
             locality,
+            indexes,
         }))
     }
 
@@ -520,12 +540,14 @@ impl<'a> Parser<'a> {
                     out.push_str("GENERATED ALWAYS AS");
                     copied = t.end;
                 }
+                // PostgreSQL 15 has no virtual generated columns: stored, a VIRTUAL column
+                // reads the same (it takes space, and cannot be the region column's source).
                 Some("virtual") => {
-                    return Err(SyntaxError::at(
-                        self.sql,
-                        toks[close + 1].start,
-                        "virtual computed columns are not supported; use STORED",
-                    ))
+                    out.push_str(&text[copied..t.start]);
+                    out.push_str("GENERATED ALWAYS AS");
+                    out.push_str(&text[t.end..toks[close + 1].start]);
+                    out.push_str("STORED");
+                    copied = toks[close + 1].end;
                 }
                 _ => {}
             }
@@ -640,6 +662,35 @@ impl<'a> Parser<'a> {
                 self.pos += 2;
                 self.expect("settings")?;
                 Statement::ShowClusterSettings
+            }
+            Some("create") => {
+                self.pos += 1;
+                if self.eat("database") {
+                    Statement::ShowCreate(CreateTarget::Database(self.ident()?))
+                } else {
+                    self.eat("table");
+                    Statement::ShowCreate(CreateTarget::Table(self.object_name()?))
+                }
+            }
+            Some("indexes" | "index" | "keys") if self.peek_word_at(1) == Some("from") => {
+                self.pos += 2;
+                Statement::ShowIndexes {
+                    table: self.object_name()?,
+                }
+            }
+            Some("partitions") => {
+                self.pos += 1;
+                self.expect("from")?;
+                let from = if self.eat("table") {
+                    PartitionsFrom::Table(self.object_name()?)
+                } else if self.eat("database") {
+                    PartitionsFrom::Database(self.ident()?)
+                } else {
+                    self.expect("index")?;
+                    let (table, index) = self.table_at_index()?;
+                    PartitionsFrom::Index { table, index }
+                };
+                Statement::ShowPartitions(from)
             }
             Some("tables") => {
                 self.pos += 1;

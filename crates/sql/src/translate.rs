@@ -8,7 +8,7 @@
 //! transaction exactly as a PostgreSQL error would.
 
 use crate::lex::{lex, Tok, Token};
-use crate::{parse, ObjectName, ShowRegions, Statement};
+use crate::{parse, CreateTarget, ObjectName, ShowRegions, Statement};
 
 /// How the gateway presents one statement's result to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +68,8 @@ pub enum Outcome {
         name: String,
         create: String,
         configure: String,
+        /// `IF NOT EXISTS`: an existing database is a notice, not an error.
+        if_not_exists: bool,
     },
 }
 
@@ -192,6 +194,7 @@ const TRIGGERS: &[&[u8]] = &[
     b"stored",
     b"system",
     b"cluster",
+    b"table",
 ];
 
 fn may_need_translation(sql: &str) -> bool {
@@ -236,11 +239,16 @@ pub fn translate(sql: &str) -> Outcome {
                 continue;
             }
             Action::Use(db) => return Outcome::Use(db),
-            Action::CreateDatabase { name, create } => {
+            Action::CreateDatabase {
+                name,
+                create,
+                if_not_exists,
+            } => {
                 return Outcome::CreateDatabase {
                     name,
                     create,
                     configure: text.to_string(),
+                    if_not_exists,
                 }
             }
             Action::Replace(new, present) => {
@@ -288,6 +296,7 @@ pub fn translate_one(sql: &str) -> Outcome {
 fn create_database(s: Statement, alone: bool) -> Action {
     let Statement::CreateDatabase {
         name,
+        if_not_exists,
         primary_region,
         regions,
         survival,
@@ -317,6 +326,7 @@ fn create_database(s: Statement, alone: bool) -> Action {
     Action::CreateDatabase {
         create: format!("CREATE DATABASE {}", ident(&name)),
         name,
+        if_not_exists,
     }
 }
 
@@ -336,7 +346,11 @@ enum Action {
     Replace(String, Present),
     Upsert(Upsert),
     Use(String),
-    CreateDatabase { name: String, create: String },
+    CreateDatabase {
+        name: String,
+        create: String,
+        if_not_exists: bool,
+    },
 }
 
 fn statement(text: &str, alone: bool) -> Action {
@@ -703,6 +717,35 @@ pub fn show_columns(stmt: &Statement) -> Option<&'static [(&'static str, &'stati
         ],
         Statement::ShowSequences => &[("sequence_schema", "text"), ("sequence_name", "text")],
         Statement::ShowClusterSettings => &[("variable", "text"), ("value", "text")],
+        Statement::ShowCreate(CreateTarget::Table(_)) => {
+            &[("table_name", "text"), ("create_statement", "text")]
+        }
+        Statement::ShowCreate(CreateTarget::Database(_)) => {
+            &[("database_name", "text"), ("create_statement", "text")]
+        }
+        Statement::ShowIndexes { .. } => &[
+            ("table_name", "text"),
+            ("index_name", "text"),
+            ("non_unique", "boolean"),
+            ("seq_in_index", "bigint"),
+            ("column_name", "text"),
+            ("definition", "text"),
+            ("direction", "text"),
+            ("storing", "boolean"),
+            ("implicit", "boolean"),
+            ("visible", "boolean"),
+        ],
+        Statement::ShowPartitions(_) => &[
+            ("database_name", "text"),
+            ("table_name", "text"),
+            ("partition_name", "text"),
+            ("parent_partition", "text"),
+            ("column_names", "text"),
+            ("index_name", "text"),
+            ("partition_value", "text"),
+            ("zone_config", "text"),
+            ("full_zone_config", "text"),
+        ],
         Statement::ShowTables { .. } => &[
             ("schema_name", "text"),
             ("table_name", "text"),

@@ -218,11 +218,13 @@ fn create_table_with_locality_and_computed_columns() {
             table,
             sql,
             locality,
+            indexes,
         } => {
+            assert!(indexes.is_empty());
             assert_eq!(table, name(&["users"]));
             assert_eq!(
                 sql,
-                "CREATE TABLE users (id UUID PRIMARY KEY, city STRING, r crdb_internal_region GENERATED ALWAYS AS (CASE WHEN city = 'rome' THEN 'europe-west1' END) STORED)"
+                "CREATE TABLE users (id UUID PRIMARY KEY, city text, r crdb_internal_region GENERATED ALWAYS AS (CASE WHEN city = 'rome' THEN 'europe-west1' END) STORED)"
             );
             assert_eq!(
                 locality,
@@ -252,7 +254,86 @@ fn create_table_with_locality_and_computed_columns() {
     assert_eq!(parse("CREATE TABLE t (a int)"), Ok(None));
     // A column named locality is not the clause.
     assert_eq!(parse("CREATE TABLE t (locality text)"), Ok(None));
-    assert!(parse("CREATE TABLE t (a int, b int AS (a) VIRTUAL)").is_err());
+    // VIRTUAL is stored (PostgreSQL 15 has no virtual generated columns).
+    match ok("CREATE TABLE t (a int, b int AS (a) VIRTUAL)") {
+        Statement::CreateTable { sql, .. } => assert_eq!(
+            sql,
+            "CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a) STORED)"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The MovR tutorial's schema as CockroachDB prints it (`cockroach workload init movr`).
+#[test]
+fn cockroach_table_elements_become_postgresql_statements() {
+    let Statement::CreateTable {
+        table,
+        sql,
+        locality,
+        indexes,
+    } = ok(r#"CREATE TABLE public.vehicles (
+        id UUID NOT NULL,
+        city STRING NOT NULL,
+        type STRING NULL,
+        owner_id UUID NULL,
+        creation_time TIMESTAMP NULL,
+        status STRING(10) NULL,
+        ext JSONB NULL,
+        seats INT NOT NULL DEFAULT 4,
+        photo BYTES NULL,
+        secret STRING NOT VISIBLE NULL,
+        CONSTRAINT "primary" PRIMARY KEY (city ASC, id DESC),
+        CONSTRAINT fk_city_ref_users FOREIGN KEY (city, owner_id) REFERENCES users(city, id),
+        INDEX vehicles_auto_index_fk_city_ref_users (city ASC, owner_id ASC),
+        UNIQUE INDEX vehicles_by_status (status) STORING (type) WHERE status IS NOT NULL,
+        INVERTED INDEX (ext),
+        FAMILY "primary" (id, city, type, owner_id, creation_time, status, ext)
+    )"#)
+    else {
+        panic!("not CREATE TABLE");
+    };
+    assert_eq!(table, name(&["public", "vehicles"]));
+    assert_eq!(locality, None);
+    let squeezed = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert_eq!(
+        squeezed,
+        "CREATE TABLE public.vehicles (id UUID NOT NULL, city text NOT NULL, type text NULL, \
+         owner_id UUID NULL, creation_time TIMESTAMP NULL, status varchar(10) NULL, \
+         ext JSONB NULL, seats INT NOT NULL DEFAULT 4, photo bytea NULL, \
+         secret text NULL, CONSTRAINT \"vehicles_pkey\" PRIMARY KEY (city , id ), \
+         CONSTRAINT fk_city_ref_users FOREIGN KEY (city, owner_id) REFERENCES users(city, id))"
+    );
+    assert_eq!(
+        indexes,
+        [
+            "CREATE INDEX vehicles_auto_index_fk_city_ref_users ON public.vehicles (city ASC, owner_id ASC)",
+            "CREATE UNIQUE INDEX vehicles_by_status ON public.vehicles (status) INCLUDE (type) WHERE status IS NOT NULL",
+            "CREATE INDEX ON public.vehicles USING gin (ext)",
+        ]
+    );
+    // Malformed inline indexes are syntax errors at the offending token.
+    let e = parse("CREATE TABLE t (a STRING, INDEX (a) USING HASH)").unwrap_err();
+    assert!(e.message.contains("hash-sharded"), "{e:?}");
+    assert_eq!(e.position, 37);
+    let e = parse("CREATE TABLE t (a STRING, INDEX i a)").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \"a\"");
+    match ok("CREATE TABLE t (a STRING, b STRING, UNIQUE WITHOUT INDEX (a), CONSTRAINT u UNIQUE WITHOUT INDEX (b))") {
+        Statement::CreateTable { sql, .. } => assert_eq!(
+            sql,
+            "CREATE TABLE t (a text, b text, UNIQUE  (a), CONSTRAINT u UNIQUE  (b))"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // INT keeps PostgreSQL's meaning; PostgreSQL's own statements are left alone.
+    assert_eq!(
+        parse("CREATE TABLE t (a int PRIMARY KEY, b integer)"),
+        Ok(None)
+    );
+    assert_eq!(
+        parse("CREATE TABLE t (a int, CONSTRAINT c UNIQUE (a), CHECK (a > 0))"),
+        Ok(None)
+    );
 }
 
 #[test]
@@ -441,4 +522,88 @@ fn cluster_settings_and_more_show_forms() {
     // PostgreSQL's own SET and SHOW stay PostgreSQL's.
     assert_eq!(parse("SET search_path = public"), Ok(None));
     assert_eq!(parse("SHOW search_path"), Ok(None));
+}
+
+#[test]
+fn show_create_database_text_parses_back_to_the_same_configuration() {
+    use mr_meta::{DatabaseConfig, Placement};
+    let config = DatabaseConfig {
+        database: "movr".into(),
+        primary_region: "us-east1".into(),
+        regions: ["europe-west1", "us-east1", "us-west1"]
+            .map(String::from)
+            .into(),
+        survival: SurvivalGoal::Region,
+        placement: Placement::Default,
+        secondary_region: Some("us-west1".into()),
+    };
+    let text = mr_zoneconfig::ddl::create_database_sql("movr", Some(&config));
+    assert_eq!(
+        text,
+        "CREATE DATABASE movr PRIMARY REGION \"us-east1\" \
+         REGIONS = \"europe-west1\", \"us-east1\", \"us-west1\" \
+         SECONDARY REGION \"us-west1\" SURVIVE REGION FAILURE"
+    );
+    let Statement::CreateDatabase {
+        name,
+        primary_region,
+        regions,
+        survival,
+        secondary_region,
+        placement,
+        ..
+    } = ok(&text)
+    else {
+        panic!("not CREATE DATABASE: {text}");
+    };
+    assert_eq!(name, "movr");
+    assert_eq!(primary_region.as_deref(), Some("us-east1"));
+    assert_eq!(regions, ["europe-west1", "us-east1", "us-west1"]);
+    assert_eq!(survival, Some(SurvivalGoal::Region));
+    assert_eq!(secondary_region.as_deref(), Some("us-west1"));
+    assert_eq!(placement, None);
+    assert_eq!(
+        mr_zoneconfig::ddl::create_database_sql("plain", None),
+        "CREATE DATABASE plain"
+    );
+}
+
+#[test]
+fn show_create_indexes_and_partitions_forms() {
+    let t = |s: &str| ObjectName(s.split('.').map(String::from).collect());
+    assert_eq!(
+        ok("SHOW CREATE TABLE public.users"),
+        Statement::ShowCreate(CreateTarget::Table(t("public.users")))
+    );
+    assert_eq!(
+        ok("SHOW CREATE users"),
+        Statement::ShowCreate(CreateTarget::Table(t("users")))
+    );
+    assert_eq!(
+        ok("SHOW CREATE DATABASE movr"),
+        Statement::ShowCreate(CreateTarget::Database("movr".into()))
+    );
+    for form in ["INDEXES", "INDEX", "KEYS"] {
+        assert_eq!(
+            ok(&format!("SHOW {form} FROM users")),
+            Statement::ShowIndexes { table: t("users") }
+        );
+    }
+    assert_eq!(
+        ok("SHOW PARTITIONS FROM TABLE users"),
+        Statement::ShowPartitions(PartitionsFrom::Table(t("users")))
+    );
+    assert_eq!(
+        ok("SHOW PARTITIONS FROM DATABASE movr"),
+        Statement::ShowPartitions(PartitionsFrom::Database("movr".into()))
+    );
+    assert_eq!(
+        ok("SHOW PARTITIONS FROM INDEX users@users_pkey"),
+        Statement::ShowPartitions(PartitionsFrom::Index {
+            table: t("users"),
+            index: "users_pkey".into()
+        })
+    );
+    // PostgreSQL's SHOW of a setting stays PostgreSQL's.
+    assert!(matches!(mr_sql::parse("SHOW keys"), Ok(None)));
 }

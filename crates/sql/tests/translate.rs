@@ -180,9 +180,20 @@ fn create_database_with_regions_is_created_then_configured() {
             create: r#"CREATE DATABASE "Mr""#.into(),
             configure: r#"CREATE DATABASE "Mr" PRIMARY REGION "us-east1" REGIONS "us-west1""#
                 .into(),
+            if_not_exists: false,
         }
     );
     assert_eq!(translate("CREATE DATABASE plain"), Outcome::Unchanged);
+    // PostgreSQL has no IF NOT EXISTS for databases; CockroachDB does.
+    assert_eq!(
+        translate("CREATE DATABASE IF NOT EXISTS plain"),
+        Outcome::CreateDatabase {
+            name: "plain".into(),
+            create: r#"CREATE DATABASE "plain""#.into(),
+            configure: "CREATE DATABASE IF NOT EXISTS plain".into(),
+            if_not_exists: true,
+        }
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
 use std::collections::BTreeSet;
+use std::fmt::Write as _;
 
 /// A refused statement. `sqlstate` is PostgreSQL's five-character code.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -425,4 +426,32 @@ pub fn locality_sql(locality: &TableLocality) -> String {
         }
         TableLocality::RegionalByRow { column } => format!("REGIONAL BY ROW AS {}", q(column)),
     }
+}
+
+/// CockroachDB's `SHOW CREATE DATABASE` text: `name_sql` is the database's name as SQL
+/// (quoted where it must be), `config` its regions (`None`: a database without regions).
+/// Regions are listed in the region type's order (sorted), as CockroachDB lists them.
+pub fn create_database_sql(name_sql: &str, config: Option<&DatabaseConfig>) -> String {
+    let mut s = format!("CREATE DATABASE {name_sql}");
+    let Some(c) = config else {
+        return s;
+    };
+    let regions: Vec<String> = c.regions.iter().map(|r| q(r)).collect();
+    let _ = write!(
+        s,
+        " PRIMARY REGION {} REGIONS = {}",
+        q(&c.primary_region),
+        regions.join(", ")
+    );
+    if let Some(r) = &c.secondary_region {
+        let _ = write!(s, " SECONDARY REGION {}", q(r));
+    }
+    s.push_str(match c.survival {
+        SurvivalGoal::Zone => " SURVIVE ZONE FAILURE",
+        SurvivalGoal::Region => " SURVIVE REGION FAILURE",
+    });
+    if c.placement == Placement::Restricted {
+        s.push_str(" PLACEMENT RESTRICTED");
+    }
+    s
 }

@@ -194,6 +194,29 @@ impl ZoneConfig {
     /// after ALTER, e.g. `DATABASE movr` or `PARTITION "us-east1" OF INDEX movr.public.users@users_pkey`.
     pub fn raw_config_sql(&self, target_sql: &str) -> String {
         let mut s = format!("ALTER {target_sql} CONFIGURE ZONE USING\n");
+        let fields = self.fields();
+        let last = fields.len() - 1;
+        for (i, f) in fields.iter().enumerate() {
+            let _ = write!(s, "\t{f}{}", if i == last { "" } else { ",\n" });
+        }
+        s
+    }
+
+    /// The fields a REGIONAL BY ROW partition's own zone configuration sets (the rest it
+    /// inherits from its table), as `SHOW PARTITIONS` prints its `zone_config`.
+    pub fn partition_fields(&self) -> Vec<String> {
+        self.fields()
+            .into_iter()
+            .filter(|f| {
+                f.starts_with("num_voters")
+                    || f.starts_with("voter_constraints")
+                    || f.starts_with("lease_preferences")
+            })
+            .collect()
+    }
+
+    /// Every field of the configuration, `name = value`, in CockroachDB's order.
+    pub fn fields(&self) -> Vec<String> {
         let mut fields = vec![
             format!("range_min_bytes = {RANGE_MIN_BYTES}"),
             format!("range_max_bytes = {RANGE_MAX_BYTES}"),
@@ -213,11 +236,7 @@ impl ZoneConfig {
             "lease_preferences = '{}'",
             self.lease_preferences_crdb()
         ));
-        let last = fields.len() - 1;
-        for (i, f) in fields.iter().enumerate() {
-            let _ = write!(s, "\t{f}{}", if i == last { "" } else { ",\n" });
-        }
-        s
+        fields
     }
 }
 

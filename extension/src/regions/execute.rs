@@ -142,8 +142,12 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             table,
             sql: create,
             locality,
+            indexes,
         }) => {
             spi::run(create);
+            for index in indexes {
+                spi::run(index);
+            }
             if let Some(locality) = locality {
                 let relid = resolve_table(&object_sql(table))?;
                 set_locality(relid, locality, &mut effect)?;

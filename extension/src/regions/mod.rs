@@ -16,6 +16,7 @@ mod local_fk;
 mod rbr;
 mod replicate;
 mod show;
+mod show_create;
 pub(crate) mod spi;
 
 use crate::error::{MrError, OrRaise};

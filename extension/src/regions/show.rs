@@ -2,10 +2,11 @@
 //! columns), and `SHOW …` through `multiregion.execute`.
 
 use super::catalog;
+use super::show_create;
 use super::spi;
 use crate::error::{MrError, OrRaise};
 use mr_meta::TableLocality;
-use mr_sql::{RangesFrom, ShowRegions, Statement, ZoneTarget};
+use mr_sql::{CreateTarget, PartitionsFrom, RangesFrom, ShowRegions, Statement, ZoneTarget};
 use mr_zoneconfig::{zone_config, Target};
 use pgrx::prelude::*;
 
@@ -351,8 +352,45 @@ pub(super) fn run(stmt: &Statement) -> Result<Vec<serde_json::Value>, MrError> {
                 )
             }
         },
+        Statement::ShowCreate(CreateTarget::Table(t)) => {
+            let (name, text) = show_create::create_statement(&object_sql(t))?;
+            vec![serde_json::json!({ "table_name": name, "create_statement": text })]
+        }
+        Statement::ShowCreate(CreateTarget::Database(d)) => {
+            database_exists(d)?;
+            let config = if *d == catalog::database_name() {
+                catalog::load(false).0
+            } else {
+                cluster_configs().into_iter().find(|c| c.database == *d)
+            };
+            vec![serde_json::json!({
+                "database_name": d,
+                "create_statement":
+                    mr_zoneconfig::ddl::create_database_sql(&spi::ident(d), config.as_ref()),
+            })]
+        }
+        Statement::ShowIndexes { table } => show_create::index_rows(&object_sql(table))?,
+        Statement::ShowPartitions(PartitionsFrom::Table(t)) => {
+            show_create::table_partitions(&object_sql(t), None)?
+        }
+        Statement::ShowPartitions(PartitionsFrom::Index { table, index }) => {
+            show_create::table_partitions(&object_sql(table), Some(index))?
+        }
+        Statement::ShowPartitions(PartitionsFrom::Database(d)) => {
+            database_exists(d)?;
+            show_create::database_partitions(d, &cluster_configs())?
+        }
         other => unreachable!("not a SHOW statement: {other:?}"),
     })
+}
+
+/// A possibly qualified name as SQL, each part quoted as needed.
+fn object_sql(name: &mr_sql::ObjectName) -> String {
+    name.0
+        .iter()
+        .map(|p| spi::ident(p))
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// `db.schema.table` for a zone target written as `t`, `s.t` or `db.s.t`.
