@@ -26,6 +26,9 @@ static PREV_EXECUTOR_END: OnceLock<pg_sys::ExecutorEnd_hook_type> = OnceLock::ne
 /// The `ProcessUtility_hook` found at load time.
 static PREV_PROCESS_UTILITY: OnceLock<pg_sys::ProcessUtility_hook_type> = OnceLock::new();
 
+/// The `emit_log_hook` found at load time.
+static PREV_EMIT_LOG: OnceLock<pg_sys::emit_log_hook_type> = OnceLock::new();
+
 /// Installs the hooks. Called once, from `_PG_init` in the postmaster; backends inherit them.
 #[allow(unsafe_code)]
 pub fn init() {
@@ -48,7 +51,28 @@ pub fn init() {
         pg_sys::ExecutorFinish_hook = Some(executor_finish);
         let _ = PREV_EXECUTOR_END.set(pg_sys::ExecutorEnd_hook);
         pg_sys::ExecutorEnd_hook = Some(executor_end);
+        let _ = PREV_EMIT_LOG.set(pg_sys::emit_log_hook);
+        pg_sys::emit_log_hook = Some(emit_log);
         pg_sys::CacheRegisterRelcacheCallback(Some(relcache_invalidated), pg_sys::Datum::from(0));
+    }
+}
+
+/// Reports an error or message: a duplicate key in a REGIONAL BY ROW table's partition is
+/// reported as CockroachDB reports it ([`crate::unique_errors`]), then the previous hook runs.
+/// Not `#[pg_guard]`ed: it runs inside error reporting, and neither it nor what it calls
+/// raises (no catalog access; a Rust panic is caught and the report left as it was).
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn emit_log(edata: *mut pg_sys::ErrorData) {
+    // SAFETY: PostgreSQL passes the ErrorData being reported, valid and ours to change for the
+    // call, with the error context current; null is checked.
+    let _ = std::panic::catch_unwind(|| unsafe {
+        if let Some(e) = edata.as_mut() {
+            crate::unique_errors::rewrite(e);
+        }
+    });
+    if let Some(Some(prev)) = PREV_EMIT_LOG.get() {
+        // SAFETY: the previous hook has the same contract and gets the (rewritten) report.
+        unsafe { prev(edata) };
     }
 }
 

@@ -19,6 +19,7 @@ mod ri;
 mod routing;
 mod sequences;
 mod sidecar;
+mod unique_errors;
 
 use error::MrError;
 use pgrx::prelude::*;

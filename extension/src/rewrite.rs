@@ -61,6 +61,31 @@ pub(crate) struct RbrTable {
     /// The computed region column's expression, as SQL over the table's columns.
     pub(crate) computed: Option<String>,
     auto_rehoming: bool,
+    /// Its partitions' indexes, for CockroachDB's duplicate-key texts (`unique_errors`).
+    partition_indexes: Vec<crate::unique_errors::PartitionIndex>,
+}
+
+/// For a partition's index of a cached REGIONAL BY ROW table (in `schema`, when known): (the
+/// table's index, the table) and the region column. Reads only this backend's cache (it runs inside error reporting).
+pub(crate) fn partition_index(
+    schema: Option<&str>,
+    index: &str,
+) -> Option<((String, String), String)> {
+    TABLES.with(|t| {
+        let t = t.try_borrow().ok()?;
+        t.values().flatten().find_map(|table| {
+            table
+                .partition_indexes
+                .iter()
+                .find(|p| p.name == index && schema.is_none_or(|s| s == p.schema))
+                .map(|p| {
+                    (
+                        (p.parent_index.clone(), p.parent_table.clone()),
+                        table.region_column.clone(),
+                    )
+                })
+        })
+    })
 }
 
 thread_local! {
@@ -567,12 +592,36 @@ fn read_catalog(relid: pg_sys::Oid) -> Option<RbrTable> {
     .into_iter()
     .next()?;
     let get = |i: usize| row.get(i).cloned().flatten();
+    let partition_indexes = crate::regions::spi::read_rows(
+        "SELECT pn.nspname::text, pi.relname::text, ci.relname::text, pc.relname::text \
+         FROM pg_catalog.pg_inherits t \
+         JOIN pg_catalog.pg_index x ON x.indrelid = t.inhrelid \
+         JOIN pg_catalog.pg_class pi ON pi.oid = x.indexrelid \
+         JOIN pg_catalog.pg_namespace pn ON pn.oid = pi.relnamespace \
+         JOIN pg_catalog.pg_inherits ii ON ii.inhrelid = x.indexrelid \
+         JOIN pg_catalog.pg_class ci ON ci.oid = ii.inhparent \
+         JOIN pg_catalog.pg_class pc ON pc.oid = t.inhparent \
+         WHERE t.inhparent = $1",
+        vec![relid.into()],
+    )
+    .into_iter()
+    .filter_map(|r| {
+        let get = |i: usize| r.get(i).cloned().flatten();
+        Some(crate::unique_errors::PartitionIndex {
+            schema: get(0)?,
+            name: get(1)?,
+            parent_index: get(2)?,
+            parent_table: get(3)?,
+        })
+    })
+    .collect();
     Some(RbrTable {
         region_attno: get(0)?.parse().ok()?,
         region_column: get(1)?,
         hidden: get(2).as_deref() == Some("true"),
         computed: get(3),
         auto_rehoming: get(4).as_deref() == Some("true"),
+        partition_indexes,
     })
 }
 

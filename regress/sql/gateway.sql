@@ -155,6 +155,8 @@ SELECT * FROM settings ORDER BY k;
 -- a row of the same key in another region is a duplicate, not overwritten.
 UPSERT INTO stores (id, city) VALUES (1, 'paris'), (3, 'paris');
 UPSERT INTO stores (id, city) VALUES (1, 'rome');
+-- A duplicate in its own region names the table's key, as CockroachDB does.
+INSERT INTO stores (id, city) VALUES (1, 'paris');
 SELECT id, city, region FROM stores ORDER BY id;
 UPSERT INTO nosuch VALUES (1);
 UPSERT INTO settings VALUES ('a', '1') ON CONFLICT DO NOTHING;

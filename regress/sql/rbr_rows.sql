@@ -26,6 +26,8 @@ SELECT count(*) FROM accounts a JOIN accounts b USING (id);
 UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 2 RETURNING *;
 SELECT tableoid::regclass AS partition, id, crdb_region FROM accounts ORDER BY id;
 DELETE FROM accounts WHERE id = 3 RETURNING *;
+-- A duplicate in the row's own region, reported as CockroachDB reports it: the table's index,
+-- the declared key (not the partition's index over the region-prefixed key).
 INSERT INTO accounts VALUES (1, 'dup');
 -- In another region too: the key is unique across partitions.
 INSERT INTO accounts VALUES (1, 'dup', 'us-west1');

@@ -49,3 +49,54 @@ impl SyntaxError {
         }
     }
 }
+
+/// PostgreSQL's duplicate-key detail (`Key (crdb_region, id)=(us-east1, 1) already exists.`)
+/// without its leading `column` and that column's value, as CockroachDB reports a key whose
+/// region prefix is implicit. `None` unless the key starts with `column` and has more. The
+/// first value is found exactly only because a region name never holds `", "`.
+pub fn key_detail_without(detail: &str, column: &str) -> Option<String> {
+    let rest = detail.strip_prefix("Key (")?;
+    let quoted = format!("\"{}\"", column.replace('"', "\"\""));
+    let rest = rest
+        .strip_prefix(&format!("{column}, "))
+        .or_else(|| rest.strip_prefix(&format!("{quoted}, ")))?;
+    let (columns, values) = rest.split_once(")=(")?;
+    let (_, values) = values.split_once(", ")?;
+    Some(format!("Key ({columns})=({values}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_detail_without;
+
+    #[test]
+    fn the_region_prefix_leaves_a_duplicate_keys_detail() {
+        assert_eq!(
+            key_detail_without(
+                "Key (crdb_region, id)=(us-east1, 1) already exists.",
+                "crdb_region"
+            )
+            .as_deref(),
+            Some("Key (id)=(1) already exists.")
+        );
+        assert_eq!(
+            key_detail_without(
+                "Key (\"Region\", city, id)=(us-west1, a, b, 7) already exists.",
+                "Region"
+            )
+            .as_deref(),
+            Some("Key (city, id)=(a, b, 7) already exists.")
+        );
+        assert_eq!(
+            key_detail_without("Key (id)=(1) already exists.", "crdb_region"),
+            None
+        );
+        assert_eq!(
+            key_detail_without(
+                "Key (crdb_region)=(us-east1) already exists.",
+                "crdb_region"
+            ),
+            None
+        );
+    }
+}
