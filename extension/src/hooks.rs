@@ -172,6 +172,9 @@ unsafe extern "C-unwind" fn process_utility(
     // and another node's schema change adds foreign keys without checking this node's rows.
     let pstmt = unsafe { crate::routing::without_copy_freeze(pstmt) };
     let pstmt = unsafe { crate::regions::trusting_foreign_keys(pstmt) };
+    // SAFETY: as above; a foreign key to a REGIONAL BY ROW table's key without the region
+    // references the key table that keeps it unique.
+    let pstmt = unsafe { crate::regions::foreign_keys_to_key_tables(pstmt) };
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
     // given; a COPY FROM's rows for other nodes' ranges are collected around it.
     unsafe {

@@ -84,6 +84,20 @@ INSERT INTO accounts (id, email, crdb_region) VALUES (4, 'a@x', 'us-west1');
 UPDATE accounts SET crdb_region = 'us-west1' WHERE id = 2;
 SELECT tableoid::regclass, id FROM accounts ORDER BY id;
 INSERT INTO accounts (id, email) VALUES (2, 'e@x');
+-- Foreign keys to the REGIONAL BY ROW table added afterwards, by its keys without the region
+-- (PostgreSQL alone refuses them: the partitioned table's keys all lead with the region):
+-- checked against the key tables that keep those keys unique across regions.
+CREATE TABLE notes (id int PRIMARY KEY, account_id int REFERENCES accounts (id), email text);
+ALTER TABLE notes ADD CONSTRAINT notes_email_fkey FOREIGN KEY (email) REFERENCES accounts (email);
+CREATE TABLE notes2 (id int PRIMARY KEY, account_id int REFERENCES accounts);
+INSERT INTO notes VALUES (1, 2, 'a@x');
+INSERT INTO notes VALUES (2, 99, NULL);
+INSERT INTO notes VALUES (3, NULL, 'zz@x');
+INSERT INTO notes2 VALUES (1, 3);
+SELECT conname, confrelid::regclass FROM pg_constraint
+ WHERE conrelid IN ('notes'::regclass, 'notes2'::regclass) AND contype = 'f' ORDER BY 1;
+SELECT * FROM multiregion.execute('SHOW CREATE TABLE notes');
+DROP TABLE notes, notes2;
 -- A region with rows cannot be dropped; nothing changes.
 SELECT multiregion.execute('ALTER DATABASE regress_mr DROP REGION "europe-west1"');
 SELECT region FROM multiregion.regions ORDER BY 1;

@@ -33,7 +33,8 @@ pub(crate) use fence::before_ddl as fence_before_ddl;
 pub(crate) use fence::before_truncate as await_ranges_before_truncate;
 pub(crate) use guard::refuse_region_type_change;
 pub(crate) use replicate::{
-    database_ddl, database_ddl_done, replicate_ddl, replicated_ddl, trusting_foreign_keys,
+    database_ddl, database_ddl_done, foreign_keys_to_key_tables, replicate_ddl, replicated_ddl,
+    trusting_foreign_keys,
 };
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);

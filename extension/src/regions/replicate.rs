@@ -416,6 +416,124 @@ pub(crate) unsafe fn trusting_foreign_keys(
     }
 }
 
+/// The foreign key constraints an `ALTER TABLE` adds (also those of a `CREATE TABLE`, which
+/// PostgreSQL adds through an `ALTER TABLE` of its own).
+///
+/// # Safety
+/// `stmt` is a valid PlannedStmt.
+#[allow(unsafe_code)]
+unsafe fn added_foreign_keys(stmt: *mut pg_sys::PlannedStmt) -> Vec<*mut pg_sys::Constraint> {
+    // SAFETY: the caller's contract; every node's tag is read before it is cast.
+    unsafe {
+        let node = (*stmt).utilityStmt;
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableStmt {
+            return Vec::new();
+        }
+        list_ptrs((*(node as *mut pg_sys::AlterTableStmt)).cmds)
+            .filter_map(|cmd| {
+                let cmd = cmd as *mut pg_sys::AlterTableCmd;
+                let def = (*cmd).def;
+                ((*cmd).subtype == pg_sys::AlterTableType::AT_AddConstraint
+                    && !def.is_null()
+                    && (*def).type_ == pg_sys::NodeTag::T_Constraint
+                    && (*(def as *mut pg_sys::Constraint)).contype
+                        == pg_sys::ConstrType::CONSTR_FOREIGN)
+                    .then_some(def as *mut pg_sys::Constraint)
+            })
+            .collect()
+    }
+}
+
+/// A foreign key to a REGIONAL BY ROW table's key that leaves out the region column (which
+/// PostgreSQL cannot reference: the partitioned table's unique indexes all lead with it)
+/// references the key table that keeps that key unique across regions instead: the same
+/// constraint, as a conversion retargets the keys that existed before it (rbr.rs). Every
+/// node applying the statement rewrites it alike. `None` where nothing changes.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn foreign_keys_to_key_tables(
+    pstmt: *mut pg_sys::PlannedStmt,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the caller's contract.
+    let fks = unsafe { added_foreign_keys(pstmt) };
+    if fks.is_empty() {
+        return pstmt;
+    }
+    // For each key, the key table it should reference, if any.
+    let targets: Vec<Option<(String, String)>> = fks
+        .iter()
+        .map(|&c| {
+            // SAFETY: a Constraint of the statement; its referenced table is a RangeVar and
+            // its referenced columns a list of String nodes. A missing table is PostgreSQL's
+            // to report.
+            unsafe {
+                let relid = pg_sys::RangeVarGetRelidExtended(
+                    (*c).pktable,
+                    pg_sys::NoLock as pg_sys::LOCKMODE,
+                    pg_sys::RVROption::RVR_MISSING_OK,
+                    None,
+                    std::ptr::null_mut(),
+                );
+                if relid == pg_sys::InvalidOid || crate::rewrite::lookup(relid).is_none() {
+                    return None;
+                }
+                let columns: Vec<String> = list_ptrs((*c).pk_attrs)
+                    .map(|n| cstr((*(n as *mut pg_sys::String)).sval))
+                    .collect();
+                key_table_for(relid, &columns)
+            }
+        })
+        .collect();
+    if targets.iter().all(Option::is_none) {
+        return pstmt;
+    }
+    // SAFETY: the copy is ours to change (the statement may be a cached plan's read-only
+    // tree); its constraints come in the same order as the original's.
+    unsafe {
+        let changed = pg_sys::copyObjectImpl(pstmt.cast()) as *mut pg_sys::PlannedStmt;
+        for (c, target) in added_foreign_keys(changed).into_iter().zip(targets) {
+            if let Some((schema, table)) = target {
+                let schema = std::ffi::CString::new(schema).unwrap_or_default();
+                let table = std::ffi::CString::new(table).unwrap_or_default();
+                (*c).pktable = pg_sys::makeRangeVar(
+                    pg_sys::pstrdup(schema.as_ptr()),
+                    pg_sys::pstrdup(table.as_ptr()),
+                    -1,
+                );
+            }
+        }
+        changed
+    }
+}
+
+/// The key table (schema, name) keeping `columns` of REGIONAL BY ROW table `relid` unique;
+/// no columns named means the primary key's.
+fn key_table_for(relid: pg_sys::Oid, columns: &[String]) -> Option<(String, String)> {
+    spi::read_rows(
+        "SELECT n.nspname::text, k.relname::text, pg_catalog.array_to_string(g.columns, chr(1)), \
+                (c.contype = 'p')::text \
+         FROM multiregion.global_key g \
+         JOIN pg_catalog.pg_class k ON k.oid = g.key_table \
+         JOIN pg_catalog.pg_namespace n ON n.oid = k.relnamespace \
+         LEFT JOIN pg_catalog.pg_constraint c \
+           ON c.conrelid = g.relid AND c.conname = g.constraint_name \
+         WHERE g.relid = $1",
+        vec![relid.into()],
+    )
+    .into_iter()
+    .find_map(|r| {
+        let get = |i: usize| r.get(i).cloned().flatten().unwrap_or_default();
+        let matches = if columns.is_empty() {
+            get(3) == "true"
+        } else {
+            get(2).split('\u{1}').eq(columns.iter().map(String::as_str))
+        };
+        matches.then(|| (get(0), get(1)))
+    })
+}
+
 /// What to replicate of a utility statement a client ran at top level, if it is a schema
 /// change that every node must also make. Statements run by functions (`multiregion.execute`,
 /// the applier, a DO block) are not top level, so they are never replicated twice. Roles are
