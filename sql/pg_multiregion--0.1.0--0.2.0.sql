@@ -51,3 +51,9 @@ CREATE FUNCTION multiregion."database_goals"() RETURNS TABLE (
 )
 STRICT STABLE
 LANGUAGE c AS 'MODULE_PATHNAME', 'database_goals_wrapper';
+
+-- CockroachDB's unique_rowid(): cluster-unique 64-bit IDs (10 µs ticks and the node's ID).
+CREATE FUNCTION multiregion."unique_rowid"() RETURNS bigint
+PARALLEL SAFE
+STRICT VOLATILE
+LANGUAGE c AS 'MODULE_PATHNAME', 'unique_rowid_wrapper';

@@ -34,6 +34,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     hooks::init();
     replication::init();
+    api::rowid::init();
 }
 
 /// The settings are postmaster-level and every backend must see the same ones, so loading the

@@ -105,6 +105,12 @@ pub fn forget(relid: pg_sys::Oid) {
             t.remove(&relid);
         }
     });
+    // Any relation's: a new key table's own is one, and no catalog may be read here to tell.
+    KEY_TABLES.with(|k| {
+        if let Ok(mut k) = k.try_borrow_mut() {
+            *k = None;
+        }
+    });
 }
 
 /// The entry point, from the `post_parse_analyze_hook`.
@@ -122,7 +128,58 @@ pub fn after_analysis(pstate: &pg_sys::ParseState, query: &mut pg_sys::Query) {
                 .into_owned()
         })
     };
+    // Only a write can violate a foreign key.
+    if query.commandType != pg_sys::CmdType::CMD_SELECT {
+        note_key_tables();
+    }
     modify(query, true, source.as_deref());
+}
+
+thread_local! {
+    /// The database's key tables by name, each with the table it keeps unique: a foreign
+    /// key's violation names the key table, reported as its table (`unique_errors`). Loaded
+    /// whole (the check that fails may have run at another node's leaseholder, so this
+    /// backend need not have read the key table itself) by the first write after any
+    /// relation's cache entry went (a new key table's among them); `None` until then.
+    static KEY_TABLES: RefCell<Option<HashMap<String, String>>> = const { RefCell::new(None) };
+}
+
+/// The table a key table (by name) keeps unique. Reads only this backend's cache (it runs
+/// inside error reporting).
+pub(crate) fn key_table_base(name: &str) -> Option<String> {
+    KEY_TABLES.with(|k| k.try_borrow().ok()?.as_ref()?.get(name).cloned())
+}
+
+/// Loads the database's key tables, if it has any and they are not loaded.
+#[allow(unsafe_code)]
+fn note_key_tables() {
+    if KEY_TABLES.with(|k| k.borrow().is_some()) {
+        return;
+    }
+    // SAFETY: catalog lookups by name; `missing_ok` makes them return InvalidOid, not raise.
+    // The catalog table is looked for too: while CREATE EXTENSION runs its script, the
+    // schemas exist before the table does.
+    let ready = unsafe {
+        let mr = pg_sys::get_namespace_oid(c"multiregion".as_ptr(), true);
+        mr != pg_sys::InvalidOid
+            && pg_sys::get_namespace_oid(c"multiregion_keys".as_ptr(), true) != pg_sys::InvalidOid
+            && pg_sys::get_relname_relid(c"global_key".as_ptr(), mr) != pg_sys::InvalidOid
+    };
+    if !ready || !extension_installed() {
+        return;
+    }
+    // Loaded before the query runs: the query is analysed too, and must not load again.
+    KEY_TABLES.with(|k| *k.borrow_mut() = Some(HashMap::new()));
+    let map = crate::regions::spi::read_rows(
+        "SELECT k.relname::text, c.relname::text FROM multiregion.global_key g \
+         JOIN pg_catalog.pg_class k ON k.oid = g.key_table \
+         JOIN pg_catalog.pg_class c ON c.oid = g.relid",
+        vec![],
+    )
+    .into_iter()
+    .filter_map(|r| Some((r.first()?.clone()?, r.get(1)?.clone()?)))
+    .collect();
+    KEY_TABLES.with(|k| *k.borrow_mut() = Some(map));
 }
 
 #[allow(unsafe_code)]

@@ -1,4 +1,7 @@
-//! CockroachDB's texts for a duplicate key in a REGIONAL BY ROW table. The table is LIST
+//! CockroachDB's texts for a duplicate key in a REGIONAL BY ROW table, and for a foreign key
+//! checked against one of its key tables (which is named as the table it keeps unique).
+//!
+//! A duplicate key. The table is LIST
 //! partitioned with its keys prefixed by the region column (rbr.rs), so PostgreSQL reports a
 //! duplicate within a region by the partition's index, over the prefixed key:
 //! `"accounts_us_east1_pkey"`, `Key (crdb_region, id)=(us-east1, 1)`. CockroachDB names the
@@ -29,9 +32,15 @@ pub(crate) struct PartitionIndex {
 /// context the error context, as it is there.
 #[allow(unsafe_code)]
 pub(crate) unsafe fn rewrite(edata: &mut pg_sys::ErrorData) {
-    if edata.elevel < pgrx::PgLogLevel::ERROR as i32
-        || edata.sqlerrcode != pgrx::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as i32
-    {
+    if edata.elevel < pgrx::PgLogLevel::ERROR as i32 {
+        return;
+    }
+    if edata.sqlerrcode == pgrx::PgSqlErrorCode::ERRCODE_FOREIGN_KEY_VIOLATION as i32 {
+        // SAFETY: the caller's contract.
+        unsafe { name_key_tables_as_their_tables(edata) };
+        return;
+    }
+    if edata.sqlerrcode != pgrx::PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION as i32 {
         return;
     }
     // SAFETY: the ErrorData's strings, each NUL-terminated where not null.
@@ -82,6 +91,31 @@ pub(crate) unsafe fn rewrite(edata: &mut pg_sys::ErrorData) {
         }
         if let Some(t) = cstr(index.1) {
             edata.table_name = pg_sys::pstrdup(t.as_ptr());
+        }
+    }
+}
+
+/// In a foreign key violation's message and detail, a key table's quoted name becomes its
+/// table's (`is not present in table "accounts_accounts_email_key"` → `"accounts"`).
+///
+/// # Safety
+/// As [`rewrite`].
+#[allow(unsafe_code)]
+unsafe fn name_key_tables_as_their_tables(edata: &mut pg_sys::ErrorData) {
+    for field in [&mut edata.message, &mut edata.detail] {
+        if field.is_null() {
+            continue;
+        }
+        // SAFETY: a non-null NUL-terminated string of the ErrorData.
+        let text = unsafe { CStr::from_ptr(*field) }
+            .to_string_lossy()
+            .into_owned();
+        let renamed = mr_sql::rename_quoted(&text, crate::rewrite::key_table_base);
+        if renamed != text {
+            if let Ok(c) = CString::new(renamed) {
+                // SAFETY: as in `rewrite`: a copy in the error context.
+                *field = unsafe { pg_sys::pstrdup(c.as_ptr()) };
+            }
         }
     }
 }

@@ -141,6 +141,13 @@ INSERT INTO crdb_style (id, name) VALUES (2, 'a');
 CREATE TABLE crdb_bad (a STRING, INDEX (a) USING HASH);
 SELECT to_regclass('crdb_bad') AS crdb_bad_exists;
 DROP TABLE crdb_style, crdb_style_too;
+-- unique_rowid(): cluster-unique, CockroachDB's layout (the node's ID in the low 15 bits).
+CREATE TABLE rowids (id INT8 DEFAULT unique_rowid() PRIMARY KEY, v STRING);
+INSERT INTO rowids (v) SELECT 'x' FROM generate_series(1, 1000);
+SELECT count(DISTINCT id) AS distinct_ids, min(id) > (1::bigint << 55) AS time_ordered,
+       bool_and(id & 32767 = crdb_internal.node_id()) AS node_bits
+  FROM rowids;
+DROP TABLE rowids;
 CREATE DATABASE IF NOT EXISTS gw;
 CREATE DATABASE IF NOT EXISTS gw_plain;
 SELECT count(*) FROM pg_database WHERE datname = 'gw_plain';

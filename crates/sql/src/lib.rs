@@ -65,9 +65,49 @@ pub fn key_detail_without(detail: &str, column: &str) -> Option<String> {
     Some(format!("Key ({columns})=({values}"))
 }
 
+/// `text` with each double-quoted name that `rename` knows replaced by its new name (names
+/// with embedded quotes are left alone).
+pub fn rename_quoted(text: &str, rename: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(open) = rest.find('"') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('"') else { break };
+        let name = &after[..close];
+        out.push_str(&rest[..=open]);
+        out.push_str(&rename(name).unwrap_or_else(|| name.to_string()));
+        out.push('"');
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::key_detail_without;
+    use super::{key_detail_without, rename_quoted};
+
+    #[test]
+    fn quoted_names_are_renamed_and_the_rest_kept() {
+        let keys = |n: &str| (n == "accounts_accounts_email_key").then(|| "accounts".to_string());
+        assert_eq!(
+            rename_quoted(
+                "Key (email)=(zz@x) is not present in table \"accounts_accounts_email_key\".",
+                keys
+            ),
+            "Key (email)=(zz@x) is not present in table \"accounts\"."
+        );
+        assert_eq!(
+            rename_quoted(
+                "update or delete on table \"accounts_accounts_email_key\" violates foreign key \
+                 constraint \"notes_email_fkey\" on table \"notes\"",
+                keys
+            ),
+            "update or delete on table \"accounts\" violates foreign key constraint \
+             \"notes_email_fkey\" on table \"notes\""
+        );
+        assert_eq!(rename_quoted("odd \"quote", keys), "odd \"quote");
+    }
 
     #[test]
     fn the_region_prefix_leaves_a_duplicate_keys_detail() {

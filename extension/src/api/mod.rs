@@ -6,6 +6,7 @@
 mod crdb;
 pub(crate) mod meta;
 mod node;
+pub(crate) mod rowid;
 
 use crate::error::MrError;
 use pgrx::prelude::*;
