@@ -96,18 +96,34 @@ fn rewrite(
         }
         let text = &sql[el[0].start..el[el.len() - 1].end];
         let w = |i: usize| el.get(i).and_then(Token::word);
+        // `INDEX` and `FAMILY` are also PostgreSQL column names (`index int`, `family text`):
+        // an element is one of CockroachDB's only with a column list after its optional name
+        // (`index varchar(10)` is a column: a type's modifiers are numbers).
+        let list_after_name = |at: usize| {
+            let k = if matches!(
+                el.get(at).map(|t| &t.tok),
+                Some(Tok::Word(_) | Tok::Quoted(_))
+            ) {
+                at + 1
+            } else {
+                at
+            };
+            is_punct(el.get(k), '(')
+                && !matches!(el.get(k + 1).map(|t| &t.tok), Some(Tok::Number(_)))
+        };
         let index_at = match (w(0), w(1)) {
             (Some("index"), _) => Some((false, false, 1)),
             (Some("unique"), Some("index")) => Some((true, false, 2)),
             (Some("inverted"), Some("index")) => Some((false, true, 2)),
             _ => None,
-        };
+        }
+        .filter(|(_, _, at)| list_after_name(*at));
         if let Some((unique, inverted, at)) = index_at {
             indexes.push(index_statement(sql, el, at, unique, inverted, table_sql)?);
             changed = true;
             continue;
         }
-        if w(0) == Some("family") {
+        if w(0) == Some("family") && list_after_name(1) {
             changed = true;
             continue;
         }

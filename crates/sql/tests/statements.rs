@@ -316,8 +316,20 @@ fn cockroach_table_elements_become_postgresql_statements() {
     let e = parse("CREATE TABLE t (a STRING, INDEX (a) USING HASH)").unwrap_err();
     assert!(e.message.contains("hash-sharded"), "{e:?}");
     assert_eq!(e.position, 37);
-    let e = parse("CREATE TABLE t (a STRING, INDEX i a)").unwrap_err();
-    assert_eq!(e.message, "syntax error at or near \"a\"");
+    let e = parse("CREATE TABLE t (a STRING, INDEX i (a) b)").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \"b\"");
+    // Columns PostgreSQL lets be named index or family stay columns.
+    assert_eq!(
+        parse("CREATE TABLE t (index int, family text, x int, index2 varchar(10))"),
+        Ok(None)
+    );
+    match ok("CREATE TABLE t (index varchar(10), family STRING, INDEX (index))") {
+        Statement::CreateTable { sql, indexes, .. } => {
+            assert_eq!(sql, "CREATE TABLE t (index varchar(10), family text)");
+            assert_eq!(indexes, ["CREATE INDEX ON t (index)"]);
+        }
+        other => panic!("{other:?}"),
+    }
     match ok("CREATE TABLE t (a STRING, b STRING, UNIQUE WITHOUT INDEX (a), CONSTRAINT u UNIQUE WITHOUT INDEX (b))") {
         Statement::CreateTable { sql, .. } => assert_eq!(
             sql,

@@ -375,38 +375,17 @@ pub(crate) unsafe fn trusting_foreign_keys(
     if !crate::sequences::applying_change() {
         return pstmt;
     }
-    // SAFETY: the caller's contract; every node's tag is read before it is cast, and an
-    // AlterTableStmt's `cmds` are AlterTableCmds. The copy is ours to change (the statement
-    // may be a cached plan's read-only tree).
+    // SAFETY: the caller's contract. The copy is ours to change (the statement may be a
+    // cached plan's read-only tree).
     unsafe {
-        let adds_foreign_key = |cmd: *mut std::ffi::c_void| {
-            let cmd = cmd as *mut pg_sys::AlterTableCmd;
-            let def = (*cmd).def;
-            ((*cmd).subtype == pg_sys::AlterTableType::AT_AddConstraint
-                && !def.is_null()
-                && (*def).type_ == pg_sys::NodeTag::T_Constraint
-                && (*(def as *mut pg_sys::Constraint)).contype
-                    == pg_sys::ConstrType::CONSTR_FOREIGN)
-                .then_some(def as *mut pg_sys::Constraint)
-        };
-        let cmds = |stmt: *mut pg_sys::PlannedStmt| {
-            let node = (*stmt).utilityStmt;
-            if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_AlterTableStmt {
-                return Vec::new();
-            }
-            let list = (*(node as *mut pg_sys::AlterTableStmt)).cmds;
-            if list.is_null() {
-                return Vec::new();
-            }
-            (0..(*list).length)
-                .filter_map(|i| adds_foreign_key(pg_sys::list_nth(list, i)))
-                .collect::<Vec<_>>()
-        };
-        if cmds(pstmt).iter().all(|c| (**c).skip_validation) {
+        if added_foreign_keys(pstmt)
+            .iter()
+            .all(|c| (**c).skip_validation)
+        {
             return pstmt;
         }
         let changed = pg_sys::copyObjectImpl(pstmt.cast()) as *mut pg_sys::PlannedStmt;
-        for constraint in cmds(changed) {
+        for constraint in added_foreign_keys(changed) {
             if !(*constraint).skip_validation {
                 (*constraint).skip_validation = true;
                 (*constraint).initially_valid = true;
