@@ -57,8 +57,9 @@ pub fn init() {
     }
 }
 
-/// Reports an error or message: a duplicate key in a REGIONAL BY ROW table's partition is
-/// reported as CockroachDB reports it ([`crate::unique_errors`]), then the previous hook runs.
+/// Reports an error or message: a duplicate key in a REGIONAL BY ROW table's partition, and a
+/// foreign key checked against a key table, are reported as CockroachDB reports them
+/// ([`crate::unique_errors`]); then the previous hook runs.
 /// Not `#[pg_guard]`ed: it runs inside error reporting, and neither it nor what it calls
 /// raises (no catalog access; a Rust panic is caught and the report left as it was).
 #[allow(unsafe_code)]
