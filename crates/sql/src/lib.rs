@@ -140,3 +140,65 @@ mod tests {
         );
     }
 }
+
+/// A column type as CockroachDB's `SHOW CREATE TABLE` spells it, from PostgreSQL's
+/// `format_type` (`text` → `STRING`, `bigint` → `INT8`, `character varying(10)` →
+/// `VARCHAR(10)`, arrays too); a type CockroachDB has no name of its own for is kept.
+pub fn crdb_type_name(pg: &str) -> String {
+    if let Some(element) = pg.strip_suffix("[]") {
+        return format!("{}[]", crdb_type_name(element));
+    }
+    let (base, modifier) = match pg.find('(') {
+        Some(i) if pg.ends_with(')') => (&pg[..i], &pg[i..]),
+        _ => (pg, ""),
+    };
+    let name = match base {
+        "text" => "STRING",
+        "bigint" => "INT8",
+        "integer" => "INT4",
+        "smallint" => "INT2",
+        "boolean" => "BOOL",
+        "double precision" => "FLOAT8",
+        "real" => "FLOAT4",
+        "numeric" => "DECIMAL",
+        "bytea" => "BYTES",
+        "character varying" => "VARCHAR",
+        "character" => "CHAR",
+        "timestamp without time zone" => "TIMESTAMP",
+        "timestamp with time zone" => "TIMESTAMPTZ",
+        "time without time zone" => "TIME",
+        "time with time zone" => "TIMETZ",
+        "uuid" | "jsonb" | "json" | "date" | "interval" | "inet" | "bit" | "oid" => {
+            return format!("{}{modifier}", base.to_uppercase());
+        }
+        _ => return pg.to_string(),
+    };
+    format!("{name}{modifier}")
+}
+
+#[cfg(test)]
+mod type_names {
+    use super::crdb_type_name;
+
+    #[test]
+    fn postgresql_types_take_cockroachdb_names() {
+        for (pg, crdb) in [
+            ("text", "STRING"),
+            ("bigint", "INT8"),
+            ("integer", "INT4"),
+            ("character varying", "VARCHAR"),
+            ("character varying(10)", "VARCHAR(10)"),
+            ("numeric(10,2)", "DECIMAL(10,2)"),
+            ("timestamp without time zone", "TIMESTAMP"),
+            ("timestamp(3) with time zone", "timestamp(3) with time zone"),
+            ("uuid", "UUID"),
+            ("jsonb", "JSONB"),
+            ("text[]", "STRING[]"),
+            ("bytea", "BYTES"),
+            ("public.crdb_internal_region", "public.crdb_internal_region"),
+            ("mood", "mood"),
+        ] {
+            assert_eq!(crdb_type_name(pg), crdb, "{pg}");
+        }
+    }
+}

@@ -235,7 +235,7 @@ fn create_table(rel: &Relation, qualified: &str) -> String {
     ) {
         let get = |i: usize| c.get(i).cloned().flatten().unwrap_or_default();
         let name = get(0);
-        let mut line = format!("{} {}", ident(&name), get(1));
+        let mut line = format!("{} {}", ident(&name), mr_sql::crdb_type_name(&get(1)));
         let is_region = region == Some(name.as_str());
         if is_region && row.hidden && name == HIDDEN_COLUMN {
             // The system-provided column, as CockroachDB declares it.
