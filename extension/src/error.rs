@@ -77,7 +77,11 @@ pub enum MrError {
         expected: &'static str,
     },
     #[error("{message} at character {position}")]
-    Syntax { message: String, position: usize },
+    Syntax {
+        message: String,
+        position: usize,
+        sqlstate: &'static str,
+    },
     #[error("CREATE DATABASE {name} cannot run inside a function")]
     CreateDatabaseInFunction { name: String, exists: bool },
     #[error("database \"{0}\" already exists")]
@@ -198,7 +202,7 @@ impl MrError {
             MrError::NotASequence(_) => ERRCODE_WRONG_OBJECT_TYPE,
             MrError::SequencePermission(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             MrError::BadArgument { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
-            MrError::Syntax { .. } => ERRCODE_SYNTAX_ERROR,
+            MrError::Syntax { sqlstate, .. } => sqlstate_of(sqlstate),
             MrError::DatabaseExists(_) => ERRCODE_DUPLICATE_DATABASE,
             MrError::RegionInUse { .. } => ERRCODE_DEPENDENT_OBJECTS_STILL_EXIST,
             MrError::CannotRebuild { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,

@@ -138,9 +138,57 @@ SELECT index_name, column_name, direction, storing FROM [SHOW INDEXES FROM crdb_
  ORDER BY 1, seq_in_index;
 INSERT INTO crdb_style (id, name) VALUES (1, 'a') RETURNING doubled;
 INSERT INTO crdb_style (id, name) VALUES (2, 'a');
-CREATE TABLE crdb_bad (a STRING, INDEX (a) USING HASH);
+CREATE TABLE crdb_bad (a STRING, INDEX (a) USING HASH WITH (bucket_count = 1));
+CREATE TABLE crdb_bad (a STRING, INDEX (a) USING btree);
 SELECT to_regclass('crdb_bad') AS crdb_bad_exists;
+-- CockroachDB's CREATE INDEX forms: STORING, INVERTED, CONCURRENTLY.
+CREATE INDEX crdb_style_data ON crdb_style (id DESC) STORING (name);
+CREATE INVERTED INDEX IF NOT EXISTS crdb_style_tags ON crdb_style (tags);
+ALTER TABLE crdb_style ADD COLUMN tags JSONB;
+CREATE INVERTED INDEX IF NOT EXISTS crdb_style_tags ON crdb_style (tags);
+CREATE UNIQUE INDEX CONCURRENTLY crdb_style_code ON crdb_style (code) STORING (data);
+SELECT indexname, indexdef FROM pg_indexes
+ WHERE indexname IN ('crdb_style_data', 'crdb_style_tags', 'crdb_style_code') ORDER BY 1;
 DROP TABLE crdb_style, crdb_style_too;
+-- Hash-sharded keys: CockroachDB's shard column, named as CockroachDB names it.
+CREATE TABLE events (id UUID PRIMARY KEY USING HASH, ts TIMESTAMPTZ NOT NULL, v STRING,
+    INDEX events_ts (ts) USING HASH WITH (bucket_count = 8) STORING (v));
+CREATE INDEX events_v ON events (v) USING HASH WITH BUCKET_COUNT = 4;
+INSERT INTO events (id, ts, v)
+  SELECT gen_random_uuid(), now() + g * interval '1 second', 'v' || g FROM generate_series(1, 200) g;
+SELECT count(DISTINCT crdb_internal_ts_shard_8) AS ts_buckets,
+       min(crdb_internal_ts_shard_8) >= 0 AND max(crdb_internal_ts_shard_8) < 8 AS in_range,
+       count(DISTINCT crdb_internal_id_shard_16) AS id_buckets
+  FROM events;
+SHOW CREATE TABLE events;
+SELECT index_name, column_name, storing FROM [SHOW INDEXES FROM events] ORDER BY 1, seq_in_index;
+INSERT INTO events (id, ts) VALUES ('00000000-0000-0000-0000-00000000000a', now()),
+  ('00000000-0000-0000-0000-00000000000a', now());
+DROP TABLE events;
+CREATE TABLE sharded_rows (id INT PRIMARY KEY USING HASH WITH (bucket_count = 4), v STRING)
+  LOCALITY REGIONAL BY ROW;
+INSERT INTO sharded_rows (id, v) VALUES (1, 'a'), (2, 'b');
+SELECT id, v, crdb_region, crdb_internal_id_shard_4 BETWEEN 0 AND 3 AS sharded FROM sharded_rows ORDER BY id;
+SHOW CREATE TABLE sharded_rows;
+DROP TABLE sharded_rows;
+-- ALTER PRIMARY KEY: the old key stays unique, foreign keys to it stay.
+CREATE TABLE pk_users (id INT NOT NULL, email STRING NOT NULL, nick STRING,
+    CONSTRAINT "primary" PRIMARY KEY (id));
+CREATE TABLE pk_orders (id INT PRIMARY KEY, user_id INT REFERENCES pk_users (id));
+INSERT INTO pk_users VALUES (1, 'a@x', NULL), (2, 'b@x', NULL);
+INSERT INTO pk_orders VALUES (10, 1);
+ALTER TABLE pk_users ALTER PRIMARY KEY USING COLUMNS (nick);
+ALTER TABLE pk_users ALTER PRIMARY KEY USING COLUMNS (nope);
+ALTER TABLE pk_users ALTER PRIMARY KEY USING COLUMNS (email);
+SHOW CREATE TABLE pk_users;
+INSERT INTO pk_users VALUES (1, 'c@x', NULL);
+INSERT INTO pk_orders VALUES (11, 3);
+ALTER TABLE pk_users ALTER PRIMARY KEY USING COLUMNS (email) USING HASH WITH (bucket_count = 4);
+ALTER TABLE pk_users ALTER PRIMARY KEY USING COLUMNS (email) USING HASH WITH (bucket_count = 4);
+SELECT create_statement FROM [SHOW CREATE TABLE pk_users];
+SELECT indexname FROM pg_indexes WHERE tablename = 'pk_users' ORDER BY 1;
+ALTER TABLE accounts ALTER PRIMARY KEY USING COLUMNS (id);
+DROP TABLE pk_orders, pk_users;
 -- unique_rowid(): cluster-unique, CockroachDB's layout (the node's ID in the low 15 bits).
 CREATE TABLE rowids (id INT8 DEFAULT unique_rowid() PRIMARY KEY, v STRING);
 INSERT INTO rowids (v) SELECT 'x' FROM generate_series(1, 1000);
@@ -148,6 +196,15 @@ SELECT count(DISTINCT id) AS distinct_ids, min(id) > (1::bigint << 55) AS time_o
        bool_and(id & 32767 = crdb_internal.node_id()) AS node_bits
   FROM rowids;
 DROP TABLE rowids;
+-- CockroachDB's integers: INT is 8 bytes, SERIAL is INT8 DEFAULT unique_rowid().
+CREATE TABLE serials (id SERIAL PRIMARY KEY, n INT, small INT4, big INTEGER);
+ALTER TABLE serials ADD COLUMN later INT, ADD COLUMN other SERIAL;
+INSERT INTO serials (n, later) VALUES (3000000000, 3000000000) RETURNING id > 2147483647 AS wide_id, n, later;
+SHOW CREATE TABLE serials;
+ALTER TABLE serials ALTER COLUMN small TYPE INT;
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+ WHERE attrelid = 'serials'::regclass AND attnum > 0 ORDER BY attnum;
+DROP TABLE serials;
 CREATE DATABASE IF NOT EXISTS gw;
 CREATE DATABASE IF NOT EXISTS gw_plain;
 SELECT count(*) FROM pg_database WHERE datname = 'gw_plain';

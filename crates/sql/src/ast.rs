@@ -95,6 +95,18 @@ pub enum Statement {
         /// CockroachDB's inline indexes, as `CREATE INDEX` statements to run after `sql`.
         indexes: Vec<String>,
     },
+    /// CockroachDB's `CREATE INDEX` forms (`INVERTED`, `STORING`, `USING HASH`) as
+    /// PostgreSQL's statements, run in order.
+    CreateIndex {
+        statements: Vec<String>,
+    },
+    /// `ALTER TABLE t ALTER PRIMARY KEY USING COLUMNS (…) [USING HASH …]`.
+    AlterPrimaryKey {
+        table: ObjectName,
+        columns: Vec<String>,
+        /// Hash-sharded with this many buckets.
+        bucket_count: Option<u32>,
+    },
     /// `ALTER TABLE [IF EXISTS] t SET LOCALITY …`.
     AlterTableSetLocality {
         table: ObjectName,
@@ -190,6 +202,8 @@ impl Statement {
                 "ALTER DATABASE DROP SECONDARY REGION"
             }
             Statement::CreateTable { .. } => "CREATE TABLE",
+            Statement::CreateIndex { .. } => "CREATE INDEX",
+            Statement::AlterPrimaryKey { .. } => "ALTER TABLE",
             Statement::AlterTableSetLocality { .. } => "ALTER TABLE SET LOCALITY",
             Statement::Rewritten { .. } => "ALTER TABLE",
             Statement::ShowRegions(_) => "SHOW REGIONS",

@@ -23,6 +23,7 @@ pub use ast::*;
 pub use lex::{on_conflict_clause, prepared_statement};
 pub use parse::parse;
 pub use star::is_star_reference;
+pub use table::Shard;
 pub use translate::{
     ident, literal, show_columns, translate, translate_one, txn_effects, Column, Outcome, Present,
     Translation, TxnEffect, Upsert,
@@ -34,10 +35,17 @@ pub use translate::{
 pub struct SyntaxError {
     pub message: String,
     pub position: usize,
+    /// `42601` for what does not parse; another SQLSTATE for a value the grammar allows but
+    /// CockroachDB refuses as it reads it (a bucket count out of range: `22023`).
+    pub sqlstate: &'static str,
 }
 
 impl SyntaxError {
     fn at(sql: &str, byte: usize, message: &str) -> SyntaxError {
+        SyntaxError::with_code(sql, byte, message, "42601")
+    }
+
+    fn with_code(sql: &str, byte: usize, message: &str, sqlstate: &'static str) -> SyntaxError {
         let byte = byte.min(sql.len());
         let mut b = byte;
         while !sql.is_char_boundary(b) {
@@ -46,6 +54,7 @@ impl SyntaxError {
         SyntaxError {
             message: message.to_string(),
             position: sql[..b].chars().count() + 1,
+            sqlstate,
         }
     }
 }

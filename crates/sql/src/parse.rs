@@ -228,6 +228,10 @@ impl<'a> Parser<'a> {
             return self.create_table();
         }
         self.pos = save;
+        if matches!(self.peek_word(), Some("index" | "unique" | "inverted")) {
+            return Ok(crate::table::create_index(self.sql.trim_end())?
+                .map(|statements| Statement::CreateIndex { statements }));
+        }
         Ok(None)
     }
 
@@ -407,10 +411,57 @@ impl<'a> Parser<'a> {
                 if_exists,
             }));
         }
+        if self.peek_word() == Some("alter")
+            && self.peek_word_at(1) == Some("primary")
+            && self.peek_word_at(2) == Some("key")
+        {
+            self.pos += 3;
+            return self.alter_primary_key(table);
+        }
         self.pos = start;
-        Ok(self
-            .rewrite_computed()?
-            .map(|sql| Statement::Rewritten { sql }))
+        let computed = self.rewrite_computed()?;
+        let text = computed.as_deref().unwrap_or(self.sql.trim_end());
+        let types = crate::table::alter_table_type_edits(text);
+        if types.is_empty() {
+            return Ok(computed.map(|sql| Statement::Rewritten { sql }));
+        }
+        Ok(Some(Statement::Rewritten {
+            sql: crate::table::apply_edits(text, types),
+        }))
+    }
+
+    /// `ALTER TABLE t ALTER PRIMARY KEY USING COLUMNS (a [ASC | DESC], …) [USING HASH …]`,
+    /// after `PRIMARY KEY`.
+    fn alter_primary_key(&mut self, table: ObjectName) -> R<Option<Statement>> {
+        self.expect("using")?;
+        self.expect("columns")?;
+        if !self.eat_punct('(') {
+            return Err(self.error());
+        }
+        let mut columns = vec![];
+        loop {
+            columns.push(self.ident()?);
+            if !self.eat("asc") {
+                self.eat("desc");
+            }
+            if self.eat_punct(')') {
+                break;
+            }
+            if !self.eat_punct(',') {
+                return Err(self.error());
+            }
+        }
+        let mut bucket_count = None;
+        if let Some((buckets, next)) = crate::table::hash_sharded(self.sql, &self.toks, self.pos)? {
+            bucket_count = Some(buckets);
+            self.pos = next;
+        }
+        self.end()?;
+        Ok(Some(Statement::AlterPrimaryKey {
+            table,
+            columns,
+            bucket_count,
+        }))
     }
 
     /// After the word LOCALITY.

@@ -195,6 +195,7 @@ const TRIGGERS: &[&[u8]] = &[
     b"system",
     b"cluster",
     b"table",
+    b"index",
 ];
 
 fn may_need_translation(sql: &str) -> bool {
@@ -398,7 +399,7 @@ fn statement(text: &str, alone: bool) -> Action {
         _ => {}
     }
     match parse(text) {
-        Err(e) => Action::Replace(raise("42601", &e.message, None), Present::ERROR),
+        Err(e) => Action::Replace(raise(e.sqlstate, &e.message, None), Present::ERROR),
         Ok(Some(s @ Statement::CreateDatabase { .. })) => create_database(s, alone),
         Ok(Some(s)) => match show_select(text, &s) {
             Some(select) => Action::Replace(select, show_present(&s)),

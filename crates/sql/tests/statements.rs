@@ -247,18 +247,18 @@ fn create_table_with_locality_and_computed_columns() {
     }
     // PostgreSQL's own generated columns and plain tables are left alone.
     assert_eq!(
-        parse("CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a * 2) STORED)"),
+        parse("CREATE TABLE t (a int8, b bigint GENERATED ALWAYS AS (a * 2) STORED)"),
         Ok(None)
     );
     assert_eq!(parse("CREATE TABLE t AS SELECT 1 AS (x)"), Ok(None));
-    assert_eq!(parse("CREATE TABLE t (a int)"), Ok(None));
+    assert_eq!(parse("CREATE TABLE t (a int4)"), Ok(None));
     // A column named locality is not the clause.
     assert_eq!(parse("CREATE TABLE t (locality text)"), Ok(None));
     // VIRTUAL is stored (PostgreSQL 15 has no virtual generated columns).
     match ok("CREATE TABLE t (a int, b int AS (a) VIRTUAL)") {
         Statement::CreateTable { sql, .. } => assert_eq!(
             sql,
-            "CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a) STORED)"
+            "CREATE TABLE t (a int8, b int8 GENERATED ALWAYS AS (a) STORED)"
         ),
         other => panic!("{other:?}"),
     }
@@ -300,7 +300,7 @@ fn cockroach_table_elements_become_postgresql_statements() {
         squeezed,
         "CREATE TABLE public.vehicles (id UUID NOT NULL, city text NOT NULL, type text NULL, \
          owner_id UUID NULL, creation_time TIMESTAMP NULL, status varchar(10) NULL, \
-         ext JSONB NULL, seats INT NOT NULL DEFAULT 4, photo bytea NULL, \
+         ext JSONB NULL, seats int8 NOT NULL DEFAULT 4, photo bytea NULL, \
          secret text NULL, CONSTRAINT \"vehicles_pkey\" PRIMARY KEY (city , id ), \
          CONSTRAINT fk_city_ref_users FOREIGN KEY (city, owner_id) REFERENCES users(city, id))"
     );
@@ -313,14 +313,14 @@ fn cockroach_table_elements_become_postgresql_statements() {
         ]
     );
     // Malformed inline indexes are syntax errors at the offending token.
-    let e = parse("CREATE TABLE t (a STRING, INDEX (a) USING HASH)").unwrap_err();
-    assert!(e.message.contains("hash-sharded"), "{e:?}");
+    let e = parse("CREATE TABLE t (a STRING, INDEX (a) USING btree)").unwrap_err();
+    assert!(e.message.contains("USING HASH"), "{e:?}");
     assert_eq!(e.position, 37);
     let e = parse("CREATE TABLE t (a STRING, INDEX i (a) b)").unwrap_err();
     assert_eq!(e.message, "syntax error at or near \"b\"");
     // Columns PostgreSQL lets be named index or family stay columns.
     assert_eq!(
-        parse("CREATE TABLE t (index int, family text, x int, index2 varchar(10))"),
+        parse("CREATE TABLE t (index int4, family text, x int8, index2 varchar(10))"),
         Ok(None)
     );
     match ok("CREATE TABLE t (index varchar(10), family STRING, INDEX (index))") {
@@ -337,15 +337,63 @@ fn cockroach_table_elements_become_postgresql_statements() {
         ),
         other => panic!("{other:?}"),
     }
-    // INT keeps PostgreSQL's meaning; PostgreSQL's own statements are left alone.
+    // PostgreSQL's own statements are left alone.
     assert_eq!(
-        parse("CREATE TABLE t (a int PRIMARY KEY, b integer)"),
+        parse("CREATE TABLE t (a int4 PRIMARY KEY, b bigint, c smallint)"),
         Ok(None)
     );
     assert_eq!(
-        parse("CREATE TABLE t (a int, CONSTRAINT c UNIQUE (a), CHECK (a > 0))"),
+        parse("CREATE TABLE t (a int8, CONSTRAINT c UNIQUE (a), CHECK (a > 0))"),
         Ok(None)
     );
+}
+
+#[test]
+fn integers_are_eight_bytes_and_serial_is_unique_rowid() {
+    let create = |sql: &str| match ok(sql) {
+        Statement::CreateTable { sql, .. } => sql,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        create("CREATE TABLE t (a INT PRIMARY KEY, b INTEGER, c INT4, d INT[], e INT64)"),
+        "CREATE TABLE t (a int8 PRIMARY KEY, b int8, c INT4, d int8[], e int8)"
+    );
+    let rowid = "int8 NOT NULL DEFAULT multiregion.unique_rowid()";
+    assert_eq!(
+        create("CREATE TABLE t (id SERIAL PRIMARY KEY, n SMALLSERIAL, b bigserial)"),
+        format!("CREATE TABLE t (id {rowid} PRIMARY KEY, n {rowid}, b {rowid})")
+    );
+    // A column named like a type keeps its name; `int` as a name is not a type.
+    assert_eq!(
+        create("CREATE TABLE t (serial INT, \"int\" STRING)"),
+        "CREATE TABLE t (serial int8, \"int\" text)"
+    );
+    let rewritten = |sql: &str| match ok(sql) {
+        Statement::Rewritten { sql } => sql,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        rewritten("ALTER TABLE t ADD COLUMN a INT, ADD b SERIAL, ADD IF NOT EXISTS c INTEGER"),
+        format!("ALTER TABLE t ADD COLUMN a int8, ADD b {rowid}, ADD IF NOT EXISTS c int8")
+    );
+    assert_eq!(
+        rewritten("ALTER TABLE t ALTER COLUMN a TYPE INT, ALTER b SET DATA TYPE STRING"),
+        "ALTER TABLE t ALTER COLUMN a TYPE int8, ALTER b SET DATA TYPE text"
+    );
+    assert_eq!(
+        rewritten("ALTER TABLE t ADD COLUMN r INT AS (a + 1) STORED"),
+        "ALTER TABLE t ADD COLUMN r int8 GENERATED ALWAYS AS (a + 1) STORED"
+    );
+    // Constraints, defaults and PostgreSQL's sized types are left alone.
+    for sql in [
+        "ALTER TABLE t ADD CONSTRAINT c CHECK (a::int > 0)",
+        "ALTER TABLE t ADD PRIMARY KEY (a)",
+        "ALTER TABLE t ALTER COLUMN a SET DEFAULT 1",
+        "ALTER TABLE t ALTER COLUMN a TYPE int4",
+        "ALTER TABLE t ADD COLUMN a int8",
+    ] {
+        assert_eq!(parse(sql), Ok(None), "{sql}");
+    }
 }
 
 #[test]
@@ -618,4 +666,129 @@ fn show_create_indexes_and_partitions_forms() {
     );
     // PostgreSQL's SHOW of a setting stays PostgreSQL's.
     assert!(matches!(mr_sql::parse("SHOW keys"), Ok(None)));
+}
+
+const SHARD16: &str = "int4 NOT NULL GENERATED ALWAYS AS \
+    ((pg_catalog.hash_record(ROW(\"ts\")) & 2147483647) % 16) STORED";
+
+#[test]
+fn hash_sharded_keys_get_cockroachdbs_shard_column() {
+    let create = |sql: &str| match ok(sql) {
+        Statement::CreateTable { sql, indexes, .. } => (sql, indexes),
+        other => panic!("{other:?}"),
+    };
+    let (sql, indexes) =
+        create("CREATE TABLE events (ts TIMESTAMPTZ, v STRING, INDEX (ts) USING HASH)");
+    assert_eq!(
+        sql,
+        format!(
+            "CREATE TABLE events (ts TIMESTAMPTZ, v text, \"crdb_internal_ts_shard_16\" {SHARD16})"
+        )
+    );
+    assert_eq!(
+        indexes,
+        ["CREATE INDEX ON events (ts) INCLUDE (\"crdb_internal_ts_shard_16\")"]
+    );
+    // A bucket count both ways, STORING merged with the shard, a primary key sharded.
+    let (sql, indexes) = create(
+        "CREATE TABLE e (id INT8, a INT8, b INT8, \
+         PRIMARY KEY (id ASC) USING HASH WITH (bucket_count = 8), \
+         INDEX ab (a, b DESC) USING HASH WITH BUCKET_COUNT = 4 STORING (id))",
+    );
+    assert!(
+        sql.contains("PRIMARY KEY (id ) INCLUDE (\"crdb_internal_id_shard_8\")"),
+        "{sql}"
+    );
+    assert!(sql.contains("\"crdb_internal_id_shard_8\" int4 NOT NULL GENERATED ALWAYS AS ((pg_catalog.hash_record(ROW(\"id\")) & 2147483647) % 8) STORED"), "{sql}");
+    assert!(sql.contains("\"crdb_internal_a_b_shard_4\" int4"), "{sql}");
+    assert_eq!(
+        indexes,
+        ["CREATE INDEX ab ON e (a, b DESC) INCLUDE (id, \"crdb_internal_a_b_shard_4\")"]
+    );
+    // A column's own PRIMARY KEY USING HASH becomes a table constraint.
+    let (sql, _) = create("CREATE TABLE c (id UUID PRIMARY KEY USING HASH, v INT8)");
+    assert!(
+        sql.contains("PRIMARY KEY (id) INCLUDE (\"crdb_internal_id_shard_16\")"),
+        "{sql}"
+    );
+    assert!(sql.starts_with("CREATE TABLE c (id UUID , v INT8"), "{sql}");
+    // Bucket counts CockroachDB refuses.
+    for bad in ["1", "4096"] {
+        let e = parse(&format!(
+            "CREATE TABLE t (a INT8, INDEX (a) USING HASH WITH (bucket_count = {bad}))"
+        ))
+        .unwrap_err();
+        assert_eq!(e.sqlstate, "22023");
+        assert_eq!(
+            e.message,
+            format!("hash sharded index bucket count must be in range [2, 2048], got {bad}")
+        );
+    }
+    let e = parse("CREATE TABLE t (a INT8, INDEX (a) USING HASH WITH (buckets = 2))").unwrap_err();
+    assert_eq!(
+        (e.sqlstate, e.message.as_str()),
+        ("42601", "syntax error at or near \"buckets\"")
+    );
+}
+
+#[test]
+fn cockroachdb_create_index_forms_become_postgresql_statements() {
+    let stmts = |sql: &str| match ok(sql) {
+        Statement::CreateIndex { statements } => statements,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        stmts("CREATE INDEX ON events (ts) USING HASH"),
+        [
+            format!("ALTER TABLE events ADD COLUMN IF NOT EXISTS \"crdb_internal_ts_shard_16\" {SHARD16}"),
+            "CREATE INDEX ON events (ts) INCLUDE (\"crdb_internal_ts_shard_16\")".to_string(),
+        ]
+    );
+    assert_eq!(
+        stmts("CREATE INVERTED INDEX IF NOT EXISTS docs_idx ON public.docs (body)"),
+        ["CREATE INDEX IF NOT EXISTS docs_idx ON public.docs USING gin (body)"]
+    );
+    assert_eq!(
+        stmts("CREATE UNIQUE INDEX CONCURRENTLY u ON t (a DESC) STORING (b, c) WHERE a > 0"),
+        ["CREATE UNIQUE INDEX u ON t (a DESC) INCLUDE (b, c) WHERE a > 0"]
+    );
+    // PostgreSQL's own CREATE INDEX statements are left alone.
+    for sql in [
+        "CREATE INDEX ON t (a)",
+        "CREATE INDEX CONCURRENTLY i ON t USING gin (doc) WITH (fastupdate = off)",
+        "CREATE UNIQUE INDEX i ON ONLY t (a) INCLUDE (b) NULLS NOT DISTINCT",
+        "CREATE INDEX i ON t USING hash (a)",
+        "CREATE INDEX i ON t ((lower(name))) TABLESPACE fast WHERE x IS NOT NULL",
+    ] {
+        assert_eq!(parse(sql), Ok(None), "{sql}");
+    }
+    let e = parse("CREATE INVERTED INDEX ON (a)").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \"(\"");
+}
+
+#[test]
+fn alter_primary_key_using_columns() {
+    assert_eq!(
+        ok("ALTER TABLE users ALTER PRIMARY KEY USING COLUMNS (city ASC, id DESC)"),
+        Statement::AlterPrimaryKey {
+            table: ObjectName(vec!["users".into()]),
+            columns: vec!["city".into(), "id".into()],
+            bucket_count: None,
+        }
+    );
+    assert_eq!(
+        ok("ALTER TABLE s.t ALTER PRIMARY KEY USING COLUMNS (\"Id\") USING HASH WITH (bucket_count = 8)"),
+        Statement::AlterPrimaryKey {
+            table: ObjectName(vec!["s".into(), "t".into()]),
+            columns: vec!["Id".into()],
+            bucket_count: Some(8),
+        }
+    );
+    let e = parse("ALTER TABLE t ALTER PRIMARY KEY USING COLUMNS ()").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \")\"");
+    let e = parse("ALTER TABLE t ALTER PRIMARY KEY (a)").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \"(\"");
+    // PostgreSQL's own primary key changes are left alone.
+    assert_eq!(parse("ALTER TABLE t ADD PRIMARY KEY (a)"), Ok(None));
+    assert_eq!(parse("ALTER TABLE t DROP CONSTRAINT t_pkey"), Ok(None));
 }

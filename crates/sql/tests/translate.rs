@@ -31,7 +31,7 @@ fn postgresql_statements_pass_unchanged() {
         "SELECT a[1] FROM t; UPDATE t SET v = 'AS OF' WHERE k = $1",
         "SHOW search_path",
         "SET search_path = public",
-        "CREATE TABLE t (id int PRIMARY KEY, v text GENERATED ALWAYS AS (upper(k)) STORED)",
+        "CREATE TABLE t (id bigint PRIMARY KEY, v text GENERATED ALWAYS AS (upper(k)) STORED)",
         "CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC; SELECT 1; END",
         "COPY t FROM STDIN",
         "",

@@ -71,6 +71,7 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
     let stmt = mr_sql::parse(sql).map_err(|e| MrError::Syntax {
         message: e.message,
         position: e.position,
+        sqlstate: e.sqlstate,
     })?;
     let mut effect = Effect::default();
     let multi_region = || catalog::load(false).0.is_some();
@@ -169,6 +170,23 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             };
             set_locality(relid, locality, &mut effect)?;
             tag("ALTER TABLE SET LOCALITY")
+        }
+        Some(Statement::AlterPrimaryKey {
+            table,
+            columns,
+            bucket_count,
+        }) => {
+            let relid = resolve_table(&object_sql(table))?;
+            super::primary_key::alter_primary_key(relid, columns, *bucket_count)?;
+            effect.changed = replicated();
+            tag("ALTER TABLE")
+        }
+        Some(Statement::CreateIndex { statements }) => {
+            for statement in statements {
+                spi::run(statement);
+            }
+            effect.changed = replicated();
+            tag("CREATE INDEX")
         }
         Some(Statement::Rewritten { sql: rewritten }) => {
             spi::run(rewritten);

@@ -13,6 +13,7 @@ mod execute;
 mod fence;
 mod guard;
 mod local_fk;
+mod primary_key;
 mod rbr;
 mod replicate;
 mod show;

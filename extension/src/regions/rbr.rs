@@ -122,9 +122,11 @@ struct Index {
     unique: bool,
     /// Backed by a PRIMARY KEY or UNIQUE constraint of this name.
     constraint: Option<String>,
-    /// Plain key columns; `None` if the index has expressions, a predicate or INCLUDE columns.
+    /// Plain key columns; `None` if the index has expressions or a predicate.
     columns: Option<Vec<String>>,
     def: String,
+    /// INCLUDE columns (a hash-sharded key's shard column, CockroachDB's STORING).
+    include: Vec<String>,
 }
 
 /// An incoming foreign key: another table's constraint referencing this one.
@@ -190,11 +192,16 @@ fn capture(relid: Oid) -> Result<Shape, MrError> {
     }
     let indexes = rows(
         "SELECT ic.relname::text, i.indisprimary::text, i.indisunique::text, con.conname::text, \
-           CASE WHEN i.indpred IS NULL AND i.indexprs IS NULL AND i.indnatts = i.indnkeyatts \
+           CASE WHEN i.indpred IS NULL AND i.indexprs IS NULL \
                 THEN (SELECT pg_catalog.string_agg(a.attname::text, chr(1) ORDER BY k.n) \
                         FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n) \
-                        JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum) END, \
-           pg_catalog.pg_get_indexdef(i.indexrelid) \
+                        JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                        WHERE k.n <= i.indnkeyatts) END, \
+           pg_catalog.pg_get_indexdef(i.indexrelid), \
+           (SELECT pg_catalog.string_agg(a.attname::text, chr(1) ORDER BY k.n) \
+              FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n) \
+              JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+              WHERE k.n > i.indnkeyatts) \
          FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid \
          LEFT JOIN pg_catalog.pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid \
            AND con.contype IN ('p', 'u') \
@@ -213,6 +220,12 @@ fn capture(relid: Oid) -> Result<Shape, MrError> {
             .flatten()
             .map(|c| c.split('\u{1}').map(str::to_string).collect()),
         def: col(&r, 5),
+        include: r
+            .get(6)
+            .cloned()
+            .flatten()
+            .map(|c| c.split('\u{1}').map(str::to_string).collect())
+            .unwrap_or_default(),
     })
     .collect();
     let outgoing_fks = rows(
@@ -379,17 +392,23 @@ fn rebuild(shape: &Shape, layout: &Layout<'_>) -> Result<Oid, MrError> {
             (true, Some(keys)) => {
                 let keys: Vec<String> = keys.iter().map(|k| ident(k)).collect();
                 let keys = keys.join(", ");
+                let include = if index.include.is_empty() {
+                    String::new()
+                } else {
+                    let cols: Vec<String> = index.include.iter().map(|c| ident(c)).collect();
+                    format!(" INCLUDE ({})", cols.join(", "))
+                };
                 match (&index.constraint, index.primary) {
                     (Some(c), true) => run(&format!(
-                        "ALTER TABLE {temp} ADD CONSTRAINT {} PRIMARY KEY ({keys})",
+                        "ALTER TABLE {temp} ADD CONSTRAINT {} PRIMARY KEY ({keys}){include}",
                         ident(c)
                     )),
                     (Some(c), false) => run(&format!(
-                        "ALTER TABLE {temp} ADD CONSTRAINT {} UNIQUE ({keys})",
+                        "ALTER TABLE {temp} ADD CONSTRAINT {} UNIQUE ({keys}){include}",
                         ident(c)
                     )),
                     (None, _) => run(&format!(
-                        "CREATE UNIQUE INDEX {} ON {temp} ({keys})",
+                        "CREATE UNIQUE INDEX {} ON {temp} ({keys}){include}",
                         ident(&index.name)
                     )),
                 }
@@ -398,7 +417,7 @@ fn rebuild(shape: &Shape, layout: &Layout<'_>) -> Result<Oid, MrError> {
                 return Err(MrError::CannotRebuild {
                     table: shape.qualified.clone(),
                     reason: format!(
-                        "unique index {} has expressions, a predicate or INCLUDE columns",
+                        "unique index {} has expressions or a predicate",
                         ident(&index.name)
                     ),
                 })
