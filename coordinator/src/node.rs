@@ -830,6 +830,12 @@ impl Node {
                 })
                 .await
             }
+            LocalRequest::ZoneOverrides { database } => {
+                self.read(move |s, _| LocalResponse::ZoneOverrides {
+                    zones: s.zones(&database).to_vec(),
+                })
+                .await
+            }
             LocalRequest::ClusterSettings => {
                 self.read(|s, _| LocalResponse::ClusterSettings {
                     settings: s
@@ -856,6 +862,7 @@ impl Node {
                 notify,
                 key_seeds,
                 sequences,
+                zones,
             } => {
                 let command = Command::SchemaChange {
                     database: database.clone(),
@@ -868,6 +875,7 @@ impl Node {
                     fenced,
                     key_seeds,
                     sequences,
+                    zones,
                 };
                 match self.meta().propose(command, WRITE_TIMEOUT).await {
                     Ok(Outcome::SchemaVersion { version }) => {
@@ -1621,6 +1629,7 @@ mod tests {
             fenced: vec![],
             key_seeds: vec![],
             sequences: vec![],
+            zones: vec![],
         };
         assert_eq!(apply(&mut s, change), Outcome::SchemaVersion { version: 1 });
         apply(

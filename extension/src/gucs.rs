@@ -23,6 +23,10 @@ static SIDECAR_SOCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString
 /// column while it is on move a row to the gateway's region whenever the row is updated.
 static ENABLE_AUTO_REHOMING: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// CockroachDB's `override_multi_region_zone_config`: lets `CONFIGURE ZONE` change the fields
+/// a multi-region database derives.
+static OVERRIDE_MULTI_REGION_ZONE_CONFIG: GucSetting<bool> = GucSetting::<bool>::new(false);
+
 /// Whether schema changes typed by clients are replicated to every node (see
 /// `regions::replicate_ddl`). Superuser-only: turning it off lets this node's schema diverge,
 /// which only repairs and tests of a node without its pgmr should do.
@@ -85,6 +89,16 @@ pub fn init() {
         c"Applies to tables given the hidden crdb_region column while the setting is on; an \
           UPDATE that sets crdb_region itself keeps the value it sets.",
         &ENABLE_AUTO_REHOMING,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"multiregion.override_multi_region_zone_config",
+        c"CONFIGURE ZONE may change the fields a multi-region database derives.",
+        c"Placement fields (num_replicas, num_voters, constraints, voter_constraints, \
+          lease_preferences, global_reads) of a multi-region database are derived from its \
+          regions, survival goal and localities; with this on they can be overridden.",
+        &OVERRIDE_MULTI_REGION_ZONE_CONFIG,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -156,6 +170,10 @@ pub fn sidecar_socket() -> Option<PathBuf> {
 
 pub fn enable_auto_rehoming() -> bool {
     ENABLE_AUTO_REHOMING.get()
+}
+
+pub fn override_multi_region_zone_config() -> bool {
+    OVERRIDE_MULTI_REGION_ZONE_CONFIG.get()
 }
 
 pub fn replicate_ddl() -> bool {

@@ -345,6 +345,16 @@ pub fn cluster_settings() -> Result<Vec<(String, String)>, MrError> {
     }
 }
 
+/// A database's `CONFIGURE ZONE` overrides, from the meta group.
+pub fn zone_overrides(database: &str) -> Result<mr_meta::ZoneOverrides, MrError> {
+    match call_meta(LocalRequest::ZoneOverrides {
+        database: database.to_string(),
+    })? {
+        LocalResponse::ZoneOverrides { zones } => Ok(zones),
+        other => Err(unexpected("zone_overrides", &other)),
+    }
+}
+
 pub fn database_configs() -> Result<Vec<mr_meta::DatabaseConfig>, MrError> {
     match call_meta(LocalRequest::DatabaseConfigs)? {
         LocalResponse::DatabaseConfigs { databases } => Ok(databases),
@@ -498,6 +508,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::SequenceValues { .. } => "sequence_values",
         LocalResponse::SequenceLimit { .. } => "sequence_limit",
         LocalResponse::ClusterSettings { .. } => "cluster_settings",
+        LocalResponse::ZoneOverrides { .. } => "zone_overrides",
         LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",
         LocalResponse::SchemaVersion { .. } => "schema_version",

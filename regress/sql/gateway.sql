@@ -269,6 +269,51 @@ END LOOP; END $$;
 SELECT table_name, partition, cardinality(voting_replicas) AS voters
   FROM [SHOW RANGES FROM TABLE stores] ORDER BY partition;
 SHOW RANGES FROM TABLE nosuch;
+-- CONFIGURE ZONE: overrides laid over the derived configuration, placement included.
+ALTER TABLE settings CONFIGURE ZONE USING gc.ttlseconds = 600;
+SELECT raw_config_sql FROM [SHOW ZONE CONFIGURATION FOR TABLE settings];
+ALTER TABLE settings CONFIGURE ZONE USING num_replicas = 1;
+SET override_multi_region_zone_config = true;
+SHOW override_multi_region_zone_config;
+ALTER TABLE settings CONFIGURE ZONE USING num_replicas = 1;
+ALTER TABLE settings CONFIGURE ZONE USING constraints = '[+region=mars]';
+ALTER TABLE settings CONFIGURE ZONE USING num_replicas = 1, num_voters = 1,
+    constraints = '[+region=us-east1]', lease_preferences = '[[+region=us-east1]]';
+-- The range drops its non-voting replicas.
+DO $$ BEGIN FOR i IN 1..300 LOOP
+  EXIT WHEN (SELECT cardinality(non_voting_replicas) FROM multiregion.ranges
+              WHERE database_name = 'gw' AND table_name = 'settings') = 0;
+  PERFORM pg_catalog.pg_sleep(0.1);
+END LOOP; END $$;
+SELECT cardinality(voting_replicas) AS voters, cardinality(non_voting_replicas) AS non_voters
+  FROM [SHOW RANGES FROM TABLE settings];
+SELECT raw_config_sql FROM [SHOW ZONE CONFIGURATION FOR TABLE settings];
+ALTER TABLE settings CONFIGURE ZONE USING gc.ttlseconds = COPY FROM PARENT, bogus = 1;
+ALTER TABLE settings CONFIGURE ZONE USING gc.ttlseconds = COPY FROM PARENT;
+RESET override_multi_region_zone_config;
+-- A rolled-back transaction's override is not kept.
+BEGIN;
+ALTER TABLE settings CONFIGURE ZONE USING gc.ttlseconds = 7;
+ROLLBACK;
+SELECT raw_config_sql LIKE '%gc.ttlseconds = 7,%' AS kept FROM [SHOW ZONE CONFIGURATION FOR TABLE settings];
+ALTER TABLE settings CONFIGURE ZONE DISCARD;
+DO $$ BEGIN FOR i IN 1..300 LOOP
+  EXIT WHEN (SELECT cardinality(non_voting_replicas) FROM multiregion.ranges
+              WHERE database_name = 'gw' AND table_name = 'settings') = 2;
+  PERFORM pg_catalog.pg_sleep(0.1);
+END LOOP; END $$;
+SELECT cardinality(voting_replicas) AS voters, cardinality(non_voting_replicas) AS non_voters
+  FROM [SHOW RANGES FROM TABLE settings];
+ALTER PARTITION "us-west1" OF TABLE stores CONFIGURE ZONE USING gc.ttlseconds = 60;
+SELECT raw_config_sql FROM [SHOW ZONE CONFIGURATION FOR PARTITION "us-west1" OF TABLE stores];
+ALTER PARTITION "mars" OF TABLE stores CONFIGURE ZONE USING gc.ttlseconds = 60;
+ALTER PARTITION "us-west1" OF TABLE stores CONFIGURE ZONE DISCARD;
+ALTER DATABASE gw CONFIGURE ZONE USING gc.ttlseconds = 1000, range_max_bytes = 1073741824;
+SELECT raw_config_sql FROM [SHOW ZONE CONFIGURATION FOR DATABASE gw];
+ALTER DATABASE gw CONFIGURE ZONE DISCARD;
+ALTER INDEX settings@settings_pkey CONFIGURE ZONE USING gc.ttlseconds = 1;
+ALTER RANGE default CONFIGURE ZONE USING num_replicas = 5;
+ALTER DATABASE defaultdb CONFIGURE ZONE USING gc.ttlseconds = 1;
 
 -- psql's own meta-commands run PostgreSQL's catalog queries, untouched.
 \dt

@@ -57,8 +57,13 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
     for (database, tables) in state.catalog() {
         let config = state.database(database);
         for table in tables {
-            let Ok(ranges) = mr_zoneconfig::table_ranges(config, state.table_locality(table))
-            else {
+            let Ok(ranges) = mr_zoneconfig::overrides::table_ranges(
+                config,
+                state.table_locality(table),
+                state.zones(database),
+                &table.schema,
+                &table.table,
+            ) else {
                 continue;
             };
             for (partition, zone) in ranges {

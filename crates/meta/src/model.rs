@@ -117,3 +117,46 @@ pub struct Lease {
     pub start_ms: u64,
     pub expiration_ms: u64,
 }
+
+/// Where `ALTER … CONFIGURE ZONE` fields apply within a database.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ZoneScope {
+    Database,
+    Table {
+        schema: String,
+        table: String,
+    },
+    /// One region's partition of a REGIONAL BY ROW table.
+    Partition {
+        schema: String,
+        table: String,
+        region: String,
+    },
+}
+
+impl ZoneScope {
+    /// Whether the scope is `schema.table` or one of its partitions.
+    pub fn is_of(&self, s: &str, t: &str) -> bool {
+        match self {
+            ZoneScope::Database => false,
+            ZoneScope::Table { schema, table } | ZoneScope::Partition { schema, table, .. } => {
+                schema == s && table == t
+            }
+        }
+    }
+}
+
+/// `CONFIGURE ZONE` fields of one scope: field → value as CockroachDB prints it.
+pub type ZoneFields = std::collections::BTreeMap<String, String>;
+
+/// A database's `CONFIGURE ZONE` overrides, by scope.
+pub type ZoneOverrides = Vec<(ZoneScope, ZoneFields)>;
+
+/// A scope's `CONFIGURE ZONE` fields (field → value as CockroachDB prints it); `fields: None`
+/// is `CONFIGURE ZONE DISCARD`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ZoneChange {
+    pub scope: ZoneScope,
+    pub fields: Option<ZoneFields>,
+}

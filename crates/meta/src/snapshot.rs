@@ -15,7 +15,8 @@ use serde::Deserialize;
 /// * 5: adds the databases dropped cluster-wide and which nodes dropped their copies.
 /// * 6: adds the key tables created from a table's rows, with that table.
 /// * 7: adds the sequences' counters.
-pub const FORMAT: u32 = 7;
+/// * 8: adds the databases' `CONFIGURE ZONE` overrides.
+pub const FORMAT: u32 = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -38,13 +39,13 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Formats 2 to 7 only added fields; an older format reads as a format 7 state with
+        // Formats 2 to 8 only added fields; an older format reads as a format 8 state with
         // no settings, an empty event log, no schema logs, no table sets, no dropped
-        // databases, no key-table links and no sequence counters (their
+        // databases, no key-table links, no sequence counters and no zone overrides (their
         // `#[serde(default)]`). A
         // format that changes a field's shape adds an arm here that reads the old shape and
         // converts it.
-        1..=7 => Ok(serde_json::from_value(env.state)?),
+        1..=8 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

@@ -120,6 +120,9 @@ pub enum Command {
         /// with it: a transaction rolled back changes none.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         sequences: Vec<SequenceChange>,
+        /// `CONFIGURE ZONE` overrides the change sets or discards ([`MetaState::zones`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        zones: Vec<ZoneChange>,
     },
     /// `CREATE DATABASE`: the database is cluster-wide from now on (an empty schema log, for
     /// which every node creates its copy); nothing if it has a schema log already.
@@ -397,6 +400,10 @@ pub struct MetaState {
     /// §8.3). Added in snapshot format 7; empty when read from older formats.
     #[serde(default, with = "pairs")]
     sequences: BTreeMap<TableRef, SequenceValue>,
+    /// Each database's `CONFIGURE ZONE` overrides, by scope; a scope's table leaving the
+    /// catalog takes them along. Added in snapshot format 8; empty when read from older ones.
+    #[serde(default)]
+    zones: BTreeMap<String, ZoneOverrides>,
 }
 
 impl MetaState {
@@ -432,6 +439,10 @@ impl MetaState {
     /// leaseholder's copy, as the table's partitions do (docs/ARCHITECTURE.md §8.2).
     pub fn key_seed(&self, t: &TableRef) -> Option<&TableRef> {
         self.key_seeds.get(t)
+    }
+    /// A database's `CONFIGURE ZONE` overrides, by scope.
+    pub fn zones(&self, database: &str) -> &[(ZoneScope, ZoneFields)] {
+        self.zones.get(database).map(Vec::as_slice).unwrap_or(&[])
     }
     /// Every sequence's counter, by sequence.
     pub fn sequences(&self) -> impl Iterator<Item = (&TableRef, &SequenceValue)> {
@@ -777,6 +788,7 @@ impl MetaState {
                 fenced,
                 key_seeds,
                 sequences,
+                zones,
             } => {
                 if let Some(c) = sequences.iter().find(|c| c.database() != database) {
                     return Err(MetaError::SchemaWrongDatabase {
@@ -796,6 +808,7 @@ impl MetaState {
                     key_seeds,
                 )?;
                 self.change_sequences(sequences);
+                self.change_zones(database, zones);
                 Ok(outcome)
             }
             Command::NextSequenceValues {
@@ -989,8 +1002,37 @@ impl MetaState {
 
     /// Forgets a dropped database's tables and ranges (its schema log stays: a database
     /// created again under the name continues it).
+    /// Puts or discards `CONFIGURE ZONE` overrides, then forgets those of tables the
+    /// database's catalog no longer has (a dropped table's go with it).
+    fn change_zones(&mut self, database: &str, changes: &[ZoneChange]) {
+        let zones = self.zones.entry(database.to_string()).or_default();
+        for c in changes {
+            zones.retain(|(s, _)| s != &c.scope);
+            if let Some(fields) = c.fields.as_ref().filter(|f| !f.is_empty()) {
+                zones.push((c.scope.clone(), fields.clone()));
+            }
+        }
+        zones.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(catalog) = self.catalog.get(database) {
+            zones.retain(|(s, _)| match s {
+                ZoneScope::Database => true,
+                ZoneScope::Table { schema, table } | ZoneScope::Partition { schema, table, .. } => {
+                    catalog.contains(&TableRef {
+                        database: database.to_string(),
+                        schema: schema.clone(),
+                        table: table.clone(),
+                    })
+                }
+            });
+        }
+        if zones.is_empty() {
+            self.zones.remove(database);
+        }
+    }
+
     fn drop_database_data(&mut self, database: &str) {
         self.catalog.remove(database);
+        self.zones.remove(database);
         self.key_seeds.retain(|k, _| k.database != database);
         self.sequences.retain(|k, _| k.database != database);
         let gone: Vec<RangeId> = self

@@ -371,8 +371,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 8, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 8 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 9, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 9 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -447,6 +447,7 @@ fn schema_change(
         fenced: vec![],
         key_seeds: vec![],
         sequences: vec![],
+        zones: vec![],
     }
 }
 
@@ -517,6 +518,7 @@ fn schema_changes_are_compare_and_set_on_the_version() {
         fenced: vec![],
         key_seeds: vec![],
         sequences: vec![],
+        zones: vec![],
     };
     assert_eq!(
         propose(&mut s, 5, other),
@@ -703,7 +705,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 7);
+    assert_eq!(snapshot::FORMAT, 8);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
@@ -1337,4 +1339,106 @@ fn sequence_counters_follow_renames_drops_and_sets() {
         },
     );
     assert_eq!(s.sequences().count(), 0);
+}
+
+/// `CONFIGURE ZONE` overrides are kept per scope with the schema change that sets them,
+/// replaced or discarded by later ones, and go with their table or database.
+#[test]
+fn zone_overrides_follow_schema_changes_and_their_tables() {
+    let mut s = cluster();
+    let users = ZoneScope::Table {
+        schema: "public".into(),
+        table: "users".into(),
+    };
+    let fields = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(f, v)| (f.to_string(), v.to_string()))
+            .collect()
+    };
+    let with = |version: u64, tables: Vec<TableRef>, zones: Vec<ZoneChange>| {
+        let mut c = schema_change(version, "{}", Some(movr()), vec![]);
+        if let Command::SchemaChange {
+            tables: t,
+            zones: z,
+            ..
+        } = &mut c
+        {
+            *t = Some(tables);
+            *z = zones;
+        }
+        c
+    };
+    propose(
+        &mut s,
+        1,
+        with(
+            0,
+            vec![table()],
+            vec![
+                ZoneChange {
+                    scope: users.clone(),
+                    fields: Some(fields(&[("gc.ttlseconds", "600")])),
+                },
+                ZoneChange {
+                    scope: ZoneScope::Database,
+                    fields: Some(fields(&[("num_replicas", "5")])),
+                },
+            ],
+        ),
+    );
+    assert_eq!(s.zones("movr").len(), 2);
+    assert!(s
+        .zones("movr")
+        .contains(&(users.clone(), fields(&[("gc.ttlseconds", "600")]))));
+    // Replaced, then discarded.
+    propose(
+        &mut s,
+        2,
+        with(
+            1,
+            vec![table()],
+            vec![ZoneChange {
+                scope: users.clone(),
+                fields: Some(fields(&[("num_voters", "3")])),
+            }],
+        ),
+    );
+    assert!(s
+        .zones("movr")
+        .contains(&(users.clone(), fields(&[("num_voters", "3")]))));
+    propose(
+        &mut s,
+        3,
+        with(
+            2,
+            vec![table()],
+            vec![ZoneChange {
+                scope: users.clone(),
+                fields: None,
+            }],
+        ),
+    );
+    assert_eq!(s.zones("movr").len(), 1);
+    // A table dropped takes its overrides along; the database's stay.
+    propose(
+        &mut s,
+        4,
+        with(
+            3,
+            vec![table()],
+            vec![ZoneChange {
+                scope: users.clone(),
+                fields: Some(fields(&[("gc.ttlseconds", "60")])),
+            }],
+        ),
+    );
+    assert_eq!(s.zones("movr").len(), 2);
+    propose(&mut s, 5, with(4, vec![], vec![]));
+    assert_eq!(
+        s.zones("movr"),
+        &[(ZoneScope::Database, fields(&[("num_replicas", "5")]))]
+    );
+    let decoded = snapshot::decode(&snapshot::encode(&s)).unwrap();
+    assert_eq!(decoded.zones("movr"), s.zones("movr"));
 }

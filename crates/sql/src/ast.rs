@@ -100,6 +100,13 @@ pub enum Statement {
     CreateIndex {
         statements: Vec<String>,
     },
+    /// `ALTER target CONFIGURE ZONE USING field = value, …` (`fields`: each field with its
+    /// value as written, `None` for `COPY FROM PARENT`) or `… CONFIGURE ZONE DISCARD`
+    /// (`fields: None`).
+    ConfigureZone {
+        target: ZoneTarget,
+        fields: Option<Vec<(String, Option<String>)>>,
+    },
     /// `ALTER TABLE t ALTER PRIMARY KEY USING COLUMNS (…) [USING HASH …]`.
     AlterPrimaryKey {
         table: ObjectName,
@@ -204,6 +211,7 @@ impl Statement {
             Statement::CreateTable { .. } => "CREATE TABLE",
             Statement::CreateIndex { .. } => "CREATE INDEX",
             Statement::AlterPrimaryKey { .. } => "ALTER TABLE",
+            Statement::ConfigureZone { .. } => "CONFIGURE ZONE",
             Statement::AlterTableSetLocality { .. } => "ALTER TABLE SET LOCALITY",
             Statement::Rewritten { .. } => "ALTER TABLE",
             Statement::ShowRegions(_) => "SHOW REGIONS",

@@ -319,6 +319,18 @@ impl<'a> Parser<'a> {
 
     fn alter(&mut self) -> R<Option<Statement>> {
         self.pos += 1;
+        let configure = self
+            .toks
+            .windows(2)
+            .any(|w| w[0].word() == Some("configure") && w[1].word() == Some("zone"));
+        if configure
+            && matches!(
+                self.peek_word(),
+                Some("table" | "database" | "index" | "partition" | "range")
+            )
+        {
+            return self.configure_zone();
+        }
         if self.eat("database") {
             return self.alter_database();
         }
@@ -421,12 +433,58 @@ impl<'a> Parser<'a> {
         self.pos = start;
         let computed = self.rewrite_computed()?;
         let text = computed.as_deref().unwrap_or(self.sql.trim_end());
-        let types = crate::table::alter_table_type_edits(text);
+        let types = crate::table::alter_table_type_edits(text, false);
         if types.is_empty() {
             return Ok(computed.map(|sql| Statement::Rewritten { sql }));
         }
         Ok(Some(Statement::Rewritten {
             sql: crate::table::apply_edits(text, types),
+        }))
+    }
+
+    /// `ALTER target CONFIGURE ZONE {USING field = value [, …] | DISCARD}`, after ALTER.
+    fn configure_zone(&mut self) -> R<Option<Statement>> {
+        let target = self.zone_target()?;
+        self.expect("configure")?;
+        self.expect("zone")?;
+        if self.eat("discard") {
+            self.end()?;
+            return Ok(Some(Statement::ConfigureZone {
+                target,
+                fields: None,
+            }));
+        }
+        self.expect("using")?;
+        let mut fields = vec![];
+        loop {
+            let name = self.setting_name()?;
+            if !self.eat_punct('=') {
+                return Err(self.error());
+            }
+            let value = if self.peek_word() == Some("copy") {
+                self.pos += 1;
+                self.expect("from")?;
+                self.expect("parent")?;
+                None
+            } else {
+                let v = match self.peek().map(|t| t.tok.clone()) {
+                    Some(Tok::Number(n)) => n,
+                    Some(Tok::Str(s)) => s,
+                    Some(Tok::Word(w)) if w != "using" => w,
+                    _ => return Err(self.error()),
+                };
+                self.pos += 1;
+                Some(v)
+            };
+            fields.push((name, value));
+            if !self.eat_punct(',') {
+                break;
+            }
+        }
+        self.end()?;
+        Ok(Some(Statement::ConfigureZone {
+            target,
+            fields: Some(fields),
         }))
     }
 

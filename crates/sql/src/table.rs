@@ -6,11 +6,13 @@
 //! in PostgreSQL), `NOT VISIBLE` goes (PostgreSQL cannot hide a column from `*`), `UNIQUE
 //! WITHOUT INDEX` is a unique constraint (PostgreSQL's needs its index), `AS (…) VIRTUAL`
 //! columns are stored (parse.rs), and CockroachDB's type names take PostgreSQL's (`STRING` →
-//! `text`, `STRING(n)` → `varchar(n)`, `BYTES` → `bytea`, `INT`/`INTEGER`/`INT64` → `int8`:
-//! CockroachDB's integers are 8 bytes unless sized, and `unique_rowid()` keys need them;
-//! `SERIAL` in all its sizes → `int8 NOT NULL DEFAULT multiregion.unique_rowid()`, as
-//! CockroachDB's default `serial_normalization = rowid` makes it: IDs made on the node that
-//! inserts, not drawn from a counter the whole cluster shares).
+//! `text`, `STRING(n)` → `varchar(n)`, `BYTES` → `bytea`). Through the gateway only (the
+//! CockroachDB door; [`cockroach_integers`]) `INT`/`INTEGER`/`INT64` are `int8` — CockroachDB's
+//! integers are 8 bytes unless sized, and `unique_rowid()` keys need them — and `SERIAL` in all
+//! its sizes is `int8 NOT NULL DEFAULT multiregion.unique_rowid()`, as CockroachDB's default
+//! `serial_normalization = rowid` makes it (IDs made on the node that inserts, not drawn from
+//! a counter the whole cluster shares). `multiregion.execute()` keeps PostgreSQL's meaning of
+//! those names: its statements are PostgreSQL's plus the multi-region clauses.
 
 use crate::lex::{lex, Tok, Token};
 use crate::SyntaxError;
@@ -194,7 +196,7 @@ fn rewrite(
             && w(0) != Some("like")
         {
             // A column: its type name, then anything `NOT VISIBLE`.
-            edits.extend(type_edit(el, 1));
+            edits.extend(type_edit(el, 1, false));
             // `PRIMARY KEY USING HASH`: a table constraint, which can include the shard.
             for (i, t) in el.iter().enumerate() {
                 if t.word() == Some("primary") && el.get(i + 1).and_then(Token::word) == Some("key")
@@ -251,15 +253,19 @@ fn rewrite(
 
 /// The edit giving a column type at `el[at]` PostgreSQL's spelling of what CockroachDB means
 /// by it, if the two differ.
-pub(crate) fn type_edit(el: &[Token], at: usize) -> Option<(usize, usize, String)> {
+///
+/// `integers`: also CockroachDB's integers (the gateway's dialect only, see
+/// [`cockroach_integers`]); PostgreSQL's names that mean something else there are left to
+/// PostgreSQL's meaning otherwise.
+pub(crate) fn type_edit(el: &[Token], at: usize, integers: bool) -> Option<(usize, usize, String)> {
     let t = el.get(at)?;
     let sized = is_punct(el.get(at + 1), '(');
     let new = match t.word()? {
         "string" if sized => "varchar",
         "string" => "text",
         "bytes" => "bytea",
-        "int" | "integer" | "int64" if !sized => "int8",
-        "serial" | "serial2" | "serial4" | "serial8" | "smallserial" | "bigserial" => {
+        "int" | "integer" | "int64" if integers && !sized => "int8",
+        "serial" | "serial2" | "serial4" | "serial8" | "smallserial" | "bigserial" if integers => {
             "int8 NOT NULL DEFAULT multiregion.unique_rowid()"
         }
         _ => return None,
@@ -269,7 +275,7 @@ pub(crate) fn type_edit(el: &[Token], at: usize) -> Option<(usize, usize, String
 
 /// `ALTER TABLE`'s column types in CockroachDB's meaning (`ADD [COLUMN] [IF NOT EXISTS] c
 /// type`, `ALTER [COLUMN] c [SET DATA] TYPE type`), as edits of `sql`.
-pub(crate) fn alter_table_type_edits(sql: &str) -> Vec<(usize, usize, String)> {
+pub(crate) fn alter_table_type_edits(sql: &str, integers: bool) -> Vec<(usize, usize, String)> {
     let Ok(toks) = lex(sql) else {
         return vec![];
     };
@@ -300,7 +306,7 @@ pub(crate) fn alter_table_type_edits(sql: &str) -> Vec<(usize, usize, String)> {
             if (w(k), w(k + 1), w(k + 2)) == (Some("if"), Some("not"), Some("exists")) {
                 k += 3;
             }
-            if let Some(e) = type_edit(&toks, k + 1) {
+            if let Some(e) = type_edit(&toks, k + 1, integers) {
                 edits.push(e);
             }
         } else if w(i) == Some("type") {
@@ -317,7 +323,7 @@ pub(crate) fn alter_table_type_edits(sql: &str) -> Vec<(usize, usize, String)> {
                         && w(n.wrapping_sub(2)) == Some("alter")))
             });
             if is_alter_column {
-                if let Some(e) = type_edit(&toks, i + 1) {
+                if let Some(e) = type_edit(&toks, i + 1, integers) {
                     edits.push(e);
                 }
             }
@@ -700,4 +706,72 @@ pub(crate) fn create_index(sql: &str) -> Result<Option<Vec<String>>, SyntaxError
         tail.sql
     ));
     Ok(Some(out))
+}
+
+/// The gateway's CockroachDB integers in `CREATE TABLE`'s column definitions and `ALTER
+/// TABLE`'s `ADD COLUMN` / `ALTER COLUMN … TYPE` (see the module's comment); `None` when the
+/// statement has none.
+pub(crate) fn cockroach_integers(sql: &str) -> Option<String> {
+    let toks = lex(sql).ok()?;
+    let w = |i: usize| toks.get(i).and_then(Token::word);
+    let edits = match w(0)? {
+        "alter" if w(1) == Some("table") => alter_table_type_edits(sql, true),
+        "create" => {
+            let table = (1..4).find(|&i| w(i) == Some("table"))?;
+            let open = (table + 1..toks.len())
+                .find(|&i| is_punct(toks.get(i), '(') || w(i) == Some("as"))
+                .filter(|&i| is_punct(toks.get(i), '('))?;
+            let close = closing(&toks, open)?;
+            let mut edits = vec![];
+            let (mut depth, mut from) = (0i32, open + 1);
+            for j in open + 1..=close {
+                match toks[j].tok {
+                    Tok::Punct('(') => depth += 1,
+                    Tok::Punct(')') if depth > 0 => depth -= 1,
+                    Tok::Punct(',' | ')') if depth == 0 => {
+                        let el = &toks[from..j];
+                        let column = is_column(el);
+                        if column {
+                            edits.extend(type_edit(el, 1, true));
+                        }
+                        from = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            edits
+        }
+        _ => return None,
+    };
+    (!edits.is_empty()).then(|| apply_edits(sql, edits))
+}
+
+/// Whether a `CREATE TABLE` element is a column definition (`index int` is; `INDEX (a)`,
+/// `INDEX i (a)` and constraints are not; a type's modifiers are numbers: `index varchar(10)`).
+fn is_column(el: &[Token]) -> bool {
+    if !matches!(
+        el.first().map(|t| &t.tok),
+        Some(Tok::Word(_) | Tok::Quoted(_))
+    ) {
+        return false;
+    }
+    let list_after_name = |at: usize| {
+        let k = if matches!(
+            el.get(at).map(|t| &t.tok),
+            Some(Tok::Word(_) | Tok::Quoted(_))
+        ) {
+            at + 1
+        } else {
+            at
+        };
+        is_punct(el.get(k), '(') && !matches!(el.get(k + 1).map(|t| &t.tok), Some(Tok::Number(_)))
+    };
+    match el[0].word() {
+        Some("constraint" | "primary" | "unique" | "check" | "foreign" | "exclude" | "like") => {
+            false
+        }
+        Some("index" | "family") => !list_after_name(1),
+        Some("inverted") if el.get(1).and_then(Token::word) == Some("index") => !list_after_name(2),
+        _ => true,
+    }
 }

@@ -189,6 +189,7 @@ const TRIGGERS: &[&[u8]] = &[
     b"show",
     b"use",
     b"upsert",
+    b"rehoming",
     b"database",
     b"locality",
     b"stored",
@@ -196,6 +197,7 @@ const TRIGGERS: &[&[u8]] = &[
     b"cluster",
     b"table",
     b"index",
+    b"zone",
 ];
 
 fn may_need_translation(sql: &str) -> bool {
@@ -331,6 +333,37 @@ fn create_database(s: Statement, alone: bool) -> Action {
     }
 }
 
+/// CockroachDB's session variables that the extension keeps as `multiregion.` settings.
+const SESSION_VARIABLES: &[&str] = &["enable_auto_rehoming", "override_multi_region_zone_config"];
+
+/// `SET [SESSION | LOCAL] v …`, `RESET v`, `SHOW v` of one of [`SESSION_VARIABLES`], as the
+/// extension's setting.
+fn session_variable(text: &str, toks: &[Token]) -> Option<Action> {
+    let first = toks.first()?.word()?;
+    let mut at = 1;
+    if first == "set" && matches!(toks.get(1).and_then(Token::word), Some("session" | "local")) {
+        at = 2;
+    }
+    let t = toks.get(at)?;
+    let name = t.word().filter(|n| SESSION_VARIABLES.contains(n))?;
+    if matches!(toks.get(at + 1).map(|t| &t.tok), Some(Tok::Punct('.'))) {
+        return None;
+    }
+    if first == "show" {
+        if toks.len() != 2 {
+            return None;
+        }
+        return Some(Action::Replace(
+            format!("SELECT pg_catalog.current_setting('multiregion.{name}') AS {name}"),
+            Present::tag("SHOW"),
+        ));
+    }
+    Some(Action::Replace(
+        format!("{}multiregion.{name}{}", &text[..t.start], &text[t.end..]),
+        Present::AsIs,
+    ))
+}
+
 fn refused(what: &str, hint: &str) -> Outcome {
     Outcome::Rewritten(Translation {
         pieces: vec![Piece::Text(raise(
@@ -396,8 +429,17 @@ fn statement(text: &str, alone: bool) -> Action {
                 Present::tag("SHOW"),
             )
         }
+        Some("set" | "reset" | "show") => {
+            if let Some(action) = session_variable(text, &toks) {
+                return action;
+            }
+        }
         _ => {}
     }
+    // CockroachDB's integer types, which PostgreSQL would take for its own (4 bytes, a
+    // sequence): the gateway's statements mean CockroachDB's.
+    let integers = crate::table::cockroach_integers(text);
+    let text = integers.as_deref().unwrap_or(text);
     match parse(text) {
         Err(e) => Action::Replace(raise(e.sqlstate, &e.message, None), Present::ERROR),
         Ok(Some(s @ Statement::CreateDatabase { .. })) => create_database(s, alone),
@@ -408,6 +450,7 @@ fn statement(text: &str, alone: bool) -> Action {
                 Present::tag(s.tag()),
             ),
         },
+        Ok(None) if integers.is_some() => Action::Replace(text.to_string(), Present::AsIs),
         Ok(None) => match bracket_shows(text, &toks) {
             Some(new) => Action::Replace(
                 new,

@@ -247,18 +247,18 @@ fn create_table_with_locality_and_computed_columns() {
     }
     // PostgreSQL's own generated columns and plain tables are left alone.
     assert_eq!(
-        parse("CREATE TABLE t (a int8, b bigint GENERATED ALWAYS AS (a * 2) STORED)"),
+        parse("CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a * 2) STORED)"),
         Ok(None)
     );
     assert_eq!(parse("CREATE TABLE t AS SELECT 1 AS (x)"), Ok(None));
-    assert_eq!(parse("CREATE TABLE t (a int4)"), Ok(None));
+    assert_eq!(parse("CREATE TABLE t (a int)"), Ok(None));
     // A column named locality is not the clause.
     assert_eq!(parse("CREATE TABLE t (locality text)"), Ok(None));
     // VIRTUAL is stored (PostgreSQL 15 has no virtual generated columns).
     match ok("CREATE TABLE t (a int, b int AS (a) VIRTUAL)") {
         Statement::CreateTable { sql, .. } => assert_eq!(
             sql,
-            "CREATE TABLE t (a int8, b int8 GENERATED ALWAYS AS (a) STORED)"
+            "CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a) STORED)"
         ),
         other => panic!("{other:?}"),
     }
@@ -300,7 +300,7 @@ fn cockroach_table_elements_become_postgresql_statements() {
         squeezed,
         "CREATE TABLE public.vehicles (id UUID NOT NULL, city text NOT NULL, type text NULL, \
          owner_id UUID NULL, creation_time TIMESTAMP NULL, status varchar(10) NULL, \
-         ext JSONB NULL, seats int8 NOT NULL DEFAULT 4, photo bytea NULL, \
+         ext JSONB NULL, seats INT NOT NULL DEFAULT 4, photo bytea NULL, \
          secret text NULL, CONSTRAINT \"vehicles_pkey\" PRIMARY KEY (city , id ), \
          CONSTRAINT fk_city_ref_users FOREIGN KEY (city, owner_id) REFERENCES users(city, id))"
     );
@@ -320,7 +320,7 @@ fn cockroach_table_elements_become_postgresql_statements() {
     assert_eq!(e.message, "syntax error at or near \"b\"");
     // Columns PostgreSQL lets be named index or family stay columns.
     assert_eq!(
-        parse("CREATE TABLE t (index int4, family text, x int8, index2 varchar(10))"),
+        parse("CREATE TABLE t (index int, family text, x int, index2 varchar(10))"),
         Ok(None)
     );
     match ok("CREATE TABLE t (index varchar(10), family STRING, INDEX (index))") {
@@ -337,63 +337,16 @@ fn cockroach_table_elements_become_postgresql_statements() {
         ),
         other => panic!("{other:?}"),
     }
+    // INT and SERIAL keep PostgreSQL's meaning here (the gateway gives them CockroachDB's);
     // PostgreSQL's own statements are left alone.
     assert_eq!(
-        parse("CREATE TABLE t (a int4 PRIMARY KEY, b bigint, c smallint)"),
+        parse("CREATE TABLE t (a int PRIMARY KEY, b serial, c smallint)"),
         Ok(None)
     );
     assert_eq!(
         parse("CREATE TABLE t (a int8, CONSTRAINT c UNIQUE (a), CHECK (a > 0))"),
         Ok(None)
     );
-}
-
-#[test]
-fn integers_are_eight_bytes_and_serial_is_unique_rowid() {
-    let create = |sql: &str| match ok(sql) {
-        Statement::CreateTable { sql, .. } => sql,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(
-        create("CREATE TABLE t (a INT PRIMARY KEY, b INTEGER, c INT4, d INT[], e INT64)"),
-        "CREATE TABLE t (a int8 PRIMARY KEY, b int8, c INT4, d int8[], e int8)"
-    );
-    let rowid = "int8 NOT NULL DEFAULT multiregion.unique_rowid()";
-    assert_eq!(
-        create("CREATE TABLE t (id SERIAL PRIMARY KEY, n SMALLSERIAL, b bigserial)"),
-        format!("CREATE TABLE t (id {rowid} PRIMARY KEY, n {rowid}, b {rowid})")
-    );
-    // A column named like a type keeps its name; `int` as a name is not a type.
-    assert_eq!(
-        create("CREATE TABLE t (serial INT, \"int\" STRING)"),
-        "CREATE TABLE t (serial int8, \"int\" text)"
-    );
-    let rewritten = |sql: &str| match ok(sql) {
-        Statement::Rewritten { sql } => sql,
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(
-        rewritten("ALTER TABLE t ADD COLUMN a INT, ADD b SERIAL, ADD IF NOT EXISTS c INTEGER"),
-        format!("ALTER TABLE t ADD COLUMN a int8, ADD b {rowid}, ADD IF NOT EXISTS c int8")
-    );
-    assert_eq!(
-        rewritten("ALTER TABLE t ALTER COLUMN a TYPE INT, ALTER b SET DATA TYPE STRING"),
-        "ALTER TABLE t ALTER COLUMN a TYPE int8, ALTER b SET DATA TYPE text"
-    );
-    assert_eq!(
-        rewritten("ALTER TABLE t ADD COLUMN r INT AS (a + 1) STORED"),
-        "ALTER TABLE t ADD COLUMN r int8 GENERATED ALWAYS AS (a + 1) STORED"
-    );
-    // Constraints, defaults and PostgreSQL's sized types are left alone.
-    for sql in [
-        "ALTER TABLE t ADD CONSTRAINT c CHECK (a::int > 0)",
-        "ALTER TABLE t ADD PRIMARY KEY (a)",
-        "ALTER TABLE t ALTER COLUMN a SET DEFAULT 1",
-        "ALTER TABLE t ALTER COLUMN a TYPE int4",
-        "ALTER TABLE t ADD COLUMN a int8",
-    ] {
-        assert_eq!(parse(sql), Ok(None), "{sql}");
-    }
 }
 
 #[test]
@@ -791,4 +744,69 @@ fn alter_primary_key_using_columns() {
     // PostgreSQL's own primary key changes are left alone.
     assert_eq!(parse("ALTER TABLE t ADD PRIMARY KEY (a)"), Ok(None));
     assert_eq!(parse("ALTER TABLE t DROP CONSTRAINT t_pkey"), Ok(None));
+}
+
+#[test]
+fn configure_zone_forms() {
+    let f = |pairs: &[(&str, Option<&str>)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.map(str::to_string)))
+                .collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(
+        ok("ALTER TABLE movr.public.users CONFIGURE ZONE USING num_replicas = 5, gc.ttlseconds = 600, constraints = '[+region=us-east1]', global_reads = true"),
+        Statement::ConfigureZone {
+            target: ZoneTarget::Table(name(&["movr", "public", "users"])),
+            fields: f(&[
+                ("num_replicas", Some("5")),
+                ("gc.ttlseconds", Some("600")),
+                ("constraints", Some("[+region=us-east1]")),
+                ("global_reads", Some("true")),
+            ]),
+        }
+    );
+    assert_eq!(
+        ok("ALTER DATABASE movr CONFIGURE ZONE DISCARD"),
+        Statement::ConfigureZone {
+            target: ZoneTarget::Database("movr".into()),
+            fields: None,
+        }
+    );
+    assert_eq!(
+        ok("ALTER PARTITION \"us-west1\" OF TABLE users CONFIGURE ZONE USING num_voters = COPY FROM PARENT"),
+        Statement::ConfigureZone {
+            target: ZoneTarget::Partition {
+                partition: "us-west1".into(),
+                table: name(&["users"]),
+                index: None,
+            },
+            fields: f(&[("num_voters", None)]),
+        }
+    );
+    assert!(matches!(
+        ok("ALTER RANGE default CONFIGURE ZONE USING num_replicas = 5"),
+        Statement::ConfigureZone {
+            target: ZoneTarget::Default,
+            ..
+        }
+    ));
+    assert!(matches!(
+        ok("ALTER INDEX users@users_pkey CONFIGURE ZONE USING gc.ttlseconds = 1"),
+        Statement::ConfigureZone {
+            target: ZoneTarget::Index { .. },
+            ..
+        }
+    ));
+    let e = parse("ALTER TABLE t CONFIGURE ZONE USING num_replicas 5").unwrap_err();
+    assert_eq!(e.message, "syntax error at or near \"5\"");
+    let e = parse("ALTER TABLE t CONFIGURE ZONE").unwrap_err();
+    assert_eq!(e.message, "syntax error at end of input");
+    // A table or column named like the words is PostgreSQL's.
+    assert_eq!(
+        parse("ALTER TABLE zone ADD COLUMN configure int8"),
+        Ok(None)
+    );
 }

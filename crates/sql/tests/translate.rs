@@ -392,3 +392,74 @@ fn transaction_effects_follow_savepoints_and_flag_what_a_restart_would_lose() {
         assert_eq!(txn_effects(opaque), vec![Opaque], "{opaque}");
     }
 }
+
+#[test]
+fn cockroachdb_session_variables_are_the_extensions_settings() {
+    let sql = |s: &str| rewritten(s).assemble(|_| unreachable!());
+    assert_eq!(
+        sql("SET override_multi_region_zone_config = true"),
+        "SET multiregion.override_multi_region_zone_config = true"
+    );
+    assert_eq!(
+        sql("SET SESSION enable_auto_rehoming TO on"),
+        "SET SESSION multiregion.enable_auto_rehoming TO on"
+    );
+    assert_eq!(
+        sql("RESET override_multi_region_zone_config"),
+        "RESET multiregion.override_multi_region_zone_config"
+    );
+    assert_eq!(
+        sql("SHOW enable_auto_rehoming"),
+        "SELECT pg_catalog.current_setting('multiregion.enable_auto_rehoming') AS enable_auto_rehoming"
+    );
+    assert_eq!(
+        translate("SET multiregion.enable_auto_rehoming = on"),
+        Outcome::Unchanged
+    );
+}
+
+/// Through the gateway, CockroachDB's integers: `INT` is 8 bytes and `SERIAL` is
+/// `unique_rowid()`; `multiregion.execute()` keeps PostgreSQL's meaning (statements.rs).
+#[test]
+fn gateway_integers_are_eight_bytes_and_serial_is_unique_rowid() {
+    let sql = |s: &str| rewritten(s).assemble(|_| unreachable!());
+    let rowid = "int8 NOT NULL DEFAULT multiregion.unique_rowid()";
+    assert_eq!(
+        sql("CREATE TABLE t (a INT PRIMARY KEY, b INTEGER, c INT4, d INT[], e INT64)"),
+        "CREATE TABLE t (a int8 PRIMARY KEY, b int8, c INT4, d int8[], e int8)"
+    );
+    assert_eq!(
+        sql("CREATE TABLE t (id SERIAL PRIMARY KEY, n SMALLSERIAL, b bigserial)"),
+        format!("CREATE TABLE t (id {rowid} PRIMARY KEY, n {rowid}, b {rowid})")
+    );
+    // Columns named like types or like CockroachDB's elements keep their names.
+    assert_eq!(
+        sql("CREATE TABLE t (serial INT, index int, CONSTRAINT c CHECK (serial::int > 0))"),
+        "CREATE TABLE t (serial int8, index int8, CONSTRAINT c CHECK (serial::int > 0))"
+    );
+    // With a multi-region part, the extension gets the converted text.
+    let s = sql("CREATE TABLE t (id INT PRIMARY KEY, v STRING) LOCALITY GLOBAL");
+    assert!(
+        s.contains("(id int8 PRIMARY KEY, v text) LOCALITY GLOBAL"),
+        "{s}"
+    );
+    assert_eq!(
+        sql("ALTER TABLE t ADD COLUMN a INT, ADD b SERIAL, ADD IF NOT EXISTS c INTEGER"),
+        format!("ALTER TABLE t ADD COLUMN a int8, ADD b {rowid}, ADD IF NOT EXISTS c int8")
+    );
+    assert_eq!(
+        sql("ALTER TABLE t ALTER COLUMN a TYPE INT, ALTER b SET DATA TYPE int4"),
+        "ALTER TABLE t ALTER COLUMN a TYPE int8, ALTER b SET DATA TYPE int4"
+    );
+    // Constraints, defaults, explicit sizes and CREATE TABLE AS are left alone.
+    for s in [
+        "ALTER TABLE t ADD CONSTRAINT c CHECK (a::int > 0)",
+        "ALTER TABLE t ADD PRIMARY KEY (a)",
+        "ALTER TABLE t ALTER COLUMN a SET DEFAULT 1",
+        "ALTER TABLE t ALTER COLUMN a TYPE int4",
+        "CREATE TABLE t AS SELECT 1::int AS a",
+        "CREATE TABLE t (a int8, b bigint)",
+    ] {
+        assert_eq!(translate(s), Outcome::Unchanged, "{s}");
+    }
+}

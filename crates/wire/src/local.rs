@@ -44,6 +44,11 @@ pub enum LocalRequest {
     /// (`multiregion.cluster_settings`, `multiregion.eventlog`).
     ClusterSettings,
     EventLog,
+    /// A database's `CONFIGURE ZONE` overrides, read linearizably:
+    /// [`LocalResponse::ZoneOverrides`].
+    ZoneOverrides {
+        database: String,
+    },
     /// Commits a multi-region schema change to the meta group, compare-and-set on the
     /// database's schema version: answered with [`LocalResponse::SchemaVersion`] (the new
     /// version, `expected_version + 1`), or, if another change got there first, with a
@@ -78,6 +83,9 @@ pub enum LocalRequest {
         /// What the change does to sequences' counters, committed with it.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         sequences: Vec<mr_meta::sequence::SequenceChange>,
+        /// `CONFIGURE ZONE` overrides it sets or discards, committed with it.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        zones: Vec<mr_meta::ZoneChange>,
     },
     /// Draws up to `count` values from a sequence's cluster-wide counter, which starts from
     /// `initial` if it has none: [`LocalResponse::SequenceValues`],
@@ -597,6 +605,12 @@ pub enum LocalResponse {
     ClusterSettings {
         settings: Vec<(String, String)>,
     },
+    ZoneOverrides {
+        zones: Vec<(
+            mr_meta::ZoneScope,
+            std::collections::BTreeMap<String, String>,
+        )>,
+    },
     EventLog {
         events: Vec<EventRow>,
     },
@@ -978,6 +992,7 @@ mod tests {
             notify: vec![],
             key_seeds: vec![],
             sequences: vec![],
+            zones: vec![],
         };
         let v = serde_json::to_value(&req).unwrap();
         assert_eq!(

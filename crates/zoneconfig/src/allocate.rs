@@ -55,6 +55,9 @@ pub fn cluster_default() -> ZoneConfig {
         voter_constraints: Constraints::PerRegion(BTreeMap::new()),
         lease_preferences: vec![],
         global_reads: false,
+        gc_ttl_seconds: crate::GC_TTL_SECONDS,
+        range_min_bytes: crate::RANGE_MIN_BYTES,
+        range_max_bytes: crate::RANGE_MAX_BYTES,
     }
 }
 

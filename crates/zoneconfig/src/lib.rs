@@ -23,6 +23,7 @@
 
 pub mod allocate;
 pub mod ddl;
+pub mod overrides;
 
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
 use std::collections::BTreeMap;
@@ -63,6 +64,11 @@ pub struct ZoneConfig {
     /// In order of preference; each inner list is one conjunction of `+region=` tiers.
     pub lease_preferences: Vec<String>,
     pub global_reads: bool,
+    /// CockroachDB's GC and range-size fields: printed, and settable by `CONFIGURE ZONE`
+    /// (PostgreSQL's own vacuum and a range per table or partition make them informational).
+    pub gc_ttl_seconds: u64,
+    pub range_min_bytes: u64,
+    pub range_max_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,6 +137,7 @@ pub fn zone_config(db: &DatabaseConfig, target: Target<'_>) -> Result<ZoneConfig
                 home_region: home,
                 lease_preferences,
                 global_reads,
+                ..ZoneConfig::sizes()
             }
         }
         (SurvivalGoal::Zone, Placement::Restricted) if regional => ZoneConfig {
@@ -141,6 +148,7 @@ pub fn zone_config(db: &DatabaseConfig, target: Target<'_>) -> Result<ZoneConfig
             home_region: home,
             lease_preferences,
             global_reads,
+            ..ZoneConfig::sizes()
         },
         (SurvivalGoal::Zone, _) => ZoneConfig {
             num_replicas: 3 + (n - 1),
@@ -150,6 +158,7 @@ pub fn zone_config(db: &DatabaseConfig, target: Target<'_>) -> Result<ZoneConfig
             home_region: home,
             lease_preferences,
             global_reads,
+            ..ZoneConfig::sizes()
         },
     };
     Ok(config)
@@ -179,6 +188,22 @@ impl Constraints {
 }
 
 impl ZoneConfig {
+    /// CockroachDB's default GC and size fields over an empty placement, for `..` filling.
+    fn sizes() -> ZoneConfig {
+        ZoneConfig {
+            home_region: String::new(),
+            num_replicas: 0,
+            num_voters: 0,
+            constraints: Constraints::PerRegion(BTreeMap::new()),
+            voter_constraints: Constraints::PerRegion(BTreeMap::new()),
+            lease_preferences: vec![],
+            global_reads: false,
+            gc_ttl_seconds: GC_TTL_SECONDS,
+            range_min_bytes: RANGE_MIN_BYTES,
+            range_max_bytes: RANGE_MAX_BYTES,
+        }
+    }
+
     /// `lease_preferences` as CockroachDB prints it: `[[+region=a], [+region=b]]`.
     pub fn lease_preferences_crdb(&self) -> String {
         let items: Vec<String> = self
@@ -218,9 +243,9 @@ impl ZoneConfig {
     /// Every field of the configuration, `name = value`, in CockroachDB's order.
     pub fn fields(&self) -> Vec<String> {
         let mut fields = vec![
-            format!("range_min_bytes = {RANGE_MIN_BYTES}"),
-            format!("range_max_bytes = {RANGE_MAX_BYTES}"),
-            format!("gc.ttlseconds = {GC_TTL_SECONDS}"),
+            format!("range_min_bytes = {}", self.range_min_bytes),
+            format!("range_max_bytes = {}", self.range_max_bytes),
+            format!("gc.ttlseconds = {}", self.gc_ttl_seconds),
         ];
         if self.global_reads {
             fields.push("global_reads = true".into());

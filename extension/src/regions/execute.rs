@@ -181,6 +181,13 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             effect.changed = replicated();
             tag("ALTER TABLE")
         }
+        Some(Statement::ConfigureZone { target, fields }) => {
+            // The meta group keeps overrides; other nodes have nothing to apply.
+            if matches!(origin, Origin::User) {
+                super::zone::configure(target, fields.as_deref(), &mut effect)?;
+            }
+            tag("CONFIGURE ZONE")
+        }
         Some(Statement::CreateIndex { statements }) => {
             for statement in statements {
                 spi::run(statement);

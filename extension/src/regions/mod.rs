@@ -19,6 +19,7 @@ mod replicate;
 mod show;
 mod show_create;
 pub(crate) mod spi;
+mod zone;
 
 use crate::error::{MrError, OrRaise};
 use crate::sidecar;
@@ -119,6 +120,8 @@ struct Effect {
     localities: Vec<(String, String, Option<TableLocality>)>,
     /// The statement changed something that other nodes must apply.
     changed: bool,
+    /// `CONFIGURE ZONE` overrides set or discarded, for the meta group.
+    zones: Vec<mr_meta::ZoneChange>,
 }
 
 /// The domain that holds a database's regions, in `public` as CockroachDB has it.
@@ -354,7 +357,7 @@ fn finish(effect: Effect, sql: &str, origin: Origin) -> Result<(), MrError> {
         return Ok(());
     }
     match origin {
-        Origin::User => replicate::defer(sql, &effect.localities),
+        Origin::User => replicate::defer(sql, &effect.localities, &effect.zones),
         Origin::Replicated => {
             let (config, version) = catalog::load(true);
             spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));

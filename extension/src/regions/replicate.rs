@@ -62,6 +62,17 @@ const TABLES: &str = concat!(
 struct Pending {
     records: Vec<(pg_sys::SubTransactionId, ChangeRecord)>,
     localities: Vec<(pg_sys::SubTransactionId, Locality)>,
+    zones: Vec<(pg_sys::SubTransactionId, mr_meta::ZoneChange)>,
+}
+
+/// The `CONFIGURE ZONE` changes this transaction made, in order, not yet proposed.
+pub(super) fn pending_zones() -> Vec<mr_meta::ZoneChange> {
+    PENDING.with(|p| {
+        p.borrow()
+            .as_ref()
+            .map(|p| p.zones.iter().map(|(_, z)| z.clone()).collect())
+            .unwrap_or_default()
+    })
 }
 
 type Locality = (String, String, Option<TableLocality>);
@@ -91,7 +102,7 @@ pub fn has_pending() -> bool {
 
 /// Records `sql`, a user's change, for the proposal at commit. Without pgmr
 /// (`multiregion.sidecar_socket` unset) the node is on its own: the version is bumped now.
-pub(super) fn defer(sql: &str, localities: &[Locality]) {
+pub(super) fn defer(sql: &str, localities: &[Locality], zones: &[mr_meta::ZoneChange]) {
     if gucs::sidecar_socket().is_none() {
         let (config, version) = catalog::load(true);
         spi::as_extension_owner(|| catalog::store(config.as_ref(), version + 1));
@@ -114,10 +125,12 @@ pub(super) fn defer(sql: &str, localities: &[Locality]) {
         let p = p.get_or_insert_with(|| Pending {
             records: Vec::new(),
             localities: Vec::new(),
+            zones: Vec::new(),
         });
         p.records.push((sub, record));
         p.localities
             .extend(localities.iter().map(|l| (sub, l.clone())));
+        p.zones.extend(zones.iter().map(|z| (sub, z.clone())));
     });
 }
 
@@ -130,6 +143,7 @@ pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
         if let Some(pending) = p.as_mut() {
             pending.records.retain(|(s, _)| *s < sub);
             pending.localities.retain(|(s, _)| *s < sub);
+            pending.zones.retain(|(s, _)| *s < sub);
             if pending.records.is_empty() {
                 *p = None;
             }
@@ -202,6 +216,7 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
         notify,
         key_seeds,
         sequences,
+        zones: pending.zones.into_iter().map(|(_, z)| z).collect(),
     })?;
     PROPOSED.with(|p| p.set(Some(new)));
     Ok(Some((database, new)))

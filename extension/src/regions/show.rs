@@ -72,13 +72,31 @@ fn zone_rows() -> Result<Vec<(String, String)>, MrError> {
     };
     let db = spi::ident(&config.database);
     let mut out = vec![];
-    let database = zone_config(&config, Target::Database).map_err(zone_error)?;
+    let zones = super::zone::current()?;
+    // Overrides over the derived configuration (an override that no longer fits is shown
+    // as not applied, as pgmr does not apply it).
+    let overridden =
+        |zc: mr_zoneconfig::ZoneConfig, schema: &str, table: &str, partition: Option<&str>| {
+            let fields = mr_zoneconfig::overrides::for_range(&zones, schema, table, partition);
+            let mut o = zc.clone();
+            match mr_zoneconfig::overrides::apply(&mut o, &fields) {
+                Ok(()) => o,
+                Err(_) => zc,
+            }
+        };
+    let database = overridden(
+        zone_config(&config, Target::Database).map_err(zone_error)?,
+        "",
+        "",
+        None,
+    );
     out.push((
         format!("DATABASE {db}"),
         database.raw_config_sql(&format!("DATABASE {db}")),
     ));
     let tables = spi::read_rows(
-        "SELECT c.oid::text, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
+        "SELECT c.oid::text, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
+                n.nspname::text, c.relname::text \
          FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
          WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
            AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'multiregion', 'multiregion_keys') \
@@ -88,8 +106,17 @@ fn zone_rows() -> Result<Vec<(String, String)>, MrError> {
     for t in tables {
         let relid = pg_sys::Oid::from(t[0].as_deref().unwrap_or("0").parse::<u32>().unwrap_or(0));
         let name = format!("{db}.{}", t[1].clone().unwrap_or_default());
+        let (schema, table) = (
+            t[2].clone().unwrap_or_default(),
+            t[3].clone().unwrap_or_default(),
+        );
         let locality = catalog::locality(relid).locality;
-        let zc = zone_config(&config, Target::Table(&locality)).map_err(zone_error)?;
+        let zc = overridden(
+            zone_config(&config, Target::Table(&locality)).map_err(zone_error)?,
+            &schema,
+            &table,
+            None,
+        );
         out.push((
             format!("TABLE {name}"),
             zc.raw_config_sql(&format!("TABLE {name}")),
@@ -97,7 +124,12 @@ fn zone_rows() -> Result<Vec<(String, String)>, MrError> {
         if matches!(locality, TableLocality::RegionalByRow { .. }) {
             for region in &config.regions {
                 let target = format!("PARTITION {} OF TABLE {name}", spi::ident(region));
-                let zc = zone_config(&config, Target::Partition { region }).map_err(zone_error)?;
+                let zc = overridden(
+                    zone_config(&config, Target::Partition { region }).map_err(zone_error)?,
+                    &schema,
+                    &table,
+                    Some(region),
+                );
                 out.push((target.clone(), zc.raw_config_sql(&target)));
             }
         }
