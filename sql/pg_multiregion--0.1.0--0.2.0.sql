@@ -57,3 +57,18 @@ CREATE FUNCTION multiregion."unique_rowid"() RETURNS bigint
 PARALLEL SAFE
 STRICT VOLATILE
 LANGUAGE c AS 'MODULE_PATHNAME', 'unique_rowid_wrapper';
+
+-- Every node's progress through every database's schema log, with a change a node's applier
+-- reported it cannot apply (issue 14 item 6).
+CREATE FUNCTION multiregion."schema_appliers_info"() RETURNS TABLE (
+	"database_name" TEXT,
+	"node_id" bigint,
+	"applied_version" bigint,
+	"latest_version" bigint,
+	"failed_version" bigint,
+	"error" TEXT
+)
+STRICT
+LANGUAGE c AS 'MODULE_PATHNAME', 'schema_appliers_info_wrapper';
+CREATE VIEW multiregion.schema_appliers AS
+    SELECT * FROM multiregion.schema_appliers_info() ORDER BY database_name, node_id;

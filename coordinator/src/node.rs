@@ -830,6 +830,27 @@ impl Node {
                 })
                 .await
             }
+            LocalRequest::SchemaAppliers => {
+                self.read(|s, _| {
+                    let nodes: Vec<u64> = s.nodes().map(|n| n.node_id).collect();
+                    let mut appliers = vec![];
+                    for (db, log) in s.schemas() {
+                        for &node_id in &nodes {
+                            let failure = log.failures.get(&node_id);
+                            appliers.push(mr_wire::local::SchemaApplierRow {
+                                database: db.to_string(),
+                                node_id,
+                                applied: log.applied_by(node_id),
+                                latest: log.version,
+                                failed_version: failure.map(|f| f.0),
+                                error: failure.map(|f| f.1.clone()),
+                            });
+                        }
+                    }
+                    LocalResponse::SchemaAppliers { appliers }
+                })
+                .await
+            }
             LocalRequest::ZoneOverrides { database } => {
                 self.read(move |s, _| LocalResponse::ZoneOverrides {
                     zones: s.zones(&database).to_vec(),
@@ -1025,6 +1046,23 @@ impl Node {
                     return LocalResponse::Done;
                 }
                 if Instant::now() >= deadline {
+                    // A lagging node whose applier reported this change (or an earlier one)
+                    // failing is named with PostgreSQL's error: it will not catch up by itself
+                    // unless the cause goes (a lock it waited on may have been all it was).
+                    let failed: Option<(u64, u64, String)> = meta.read(|s| {
+                        let log = s.schema(database)?;
+                        lagging.iter().find_map(|(node, _)| {
+                            let (v, e) = log.failures.get(node)?;
+                            (*v <= version).then(|| (*node, *v, e.clone()))
+                        })
+                    });
+                    if let Some((node, v, e)) = failed {
+                        return LocalResponse::error(format!(
+                            "schema change {version} on database {database:?} is committed, but \
+                             node {node} cannot apply version {v}: {e}; it retries on its own \
+                             once the cause is fixed there (multiregion.schema_appliers shows it)"
+                        ));
+                    }
                     return LocalResponse::error(lagging_message(
                         database, version, &lagging, timeout_ms,
                     ));

@@ -61,6 +61,8 @@ struct DbProgress {
     /// This node's copy is known to exist (a database created elsewhere with no schema
     /// change yet still gets its copy here).
     present: bool,
+    /// The failure last told to the meta group (version, error): the same one again is not.
+    failure_reported: Option<(u64, String)>,
     /// After a failure: no new attempt before this.
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -90,6 +92,7 @@ impl Progress {
         match result {
             Ok(()) => {
                 p.last_error = None;
+                p.failure_reported = None;
                 p.retry_at = None;
                 p.backoff = Duration::ZERO;
             }
@@ -299,9 +302,11 @@ impl Applier {
                 if !change.fenced.is_empty() {
                     self.ranges.await_fenced(db, v, &change.fenced).await;
                 }
-                apply(&mut c, v, &change.change)
-                    .await
-                    .map_err(|e| format!("version {v}: {}", one_line(&e)))?;
+                if let Err(e) = apply(&mut c, v, &change.change).await {
+                    let error = one_line(&e);
+                    self.report_failure(db, v, &error).await;
+                    return Err(format!("version {v}: {error}"));
+                }
                 tracing::info!(database = db, version = v, "applied a schema change");
                 if let Some(p) = self.progress.lock().get_mut(db) {
                     p.applied = p.applied.max(v);
@@ -309,6 +314,40 @@ impl Applier {
                 self.report(db, v).await?;
             }
             conn = Some(c);
+        }
+    }
+
+    /// Tells the meta group this node cannot apply `version` of `db` (shown cluster-wide in
+    /// `multiregion.schema_appliers` and `pgmr status` until it is applied); once per distinct
+    /// failure. A report that does not get through is made again at the next failure.
+    async fn report_failure(&self, db: &str, version: u64, error: &str) {
+        let failure = (version, error.to_string());
+        let known = self
+            .progress
+            .lock()
+            .get(db)
+            .is_some_and(|p| p.failure_reported.as_ref() == Some(&failure));
+        if known {
+            return;
+        }
+        let command = Command::SchemaApplyFailed {
+            node_id: self.node_id,
+            database: db.to_string(),
+            version,
+            error: error.to_string(),
+        };
+        match self.meta.propose(command, REPORT_TIMEOUT).await {
+            Ok(Outcome::Done) => {
+                if let Some(p) = self.progress.lock().get_mut(db) {
+                    p.failure_reported = Some(failure);
+                }
+            }
+            other => {
+                tracing::debug!(
+                    database = db,
+                    "cannot report a failed schema change: {other:?}"
+                )
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 use crate::cli::{DebugCommand, NodeCommand, StatusArgs};
 use anyhow::{anyhow, bail, Result};
 use mr_wire::framing::call_local;
-use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, MetaGroup, Status};
+use mr_wire::local::{LinkFault, LocalRequest, LocalResponse, MetaGroup, SchemaApplierRow, Status};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,17 +42,36 @@ pub async fn meta_group(socket: &Path) -> Result<MetaGroup> {
     }
 }
 
+/// Every node's schema appliers, from the meta group.
+pub async fn schema_appliers(socket: &Path) -> Result<Vec<SchemaApplierRow>> {
+    match ask_within(socket, LocalRequest::SchemaAppliers, META_TIMEOUT).await? {
+        LocalResponse::SchemaAppliers { appliers } => Ok(appliers),
+        LocalResponse::Error { message, .. } => Err(anyhow!(message)),
+        other => Err(anyhow!("unexpected answer {other:?}")),
+    }
+}
+
 pub async fn run(args: StatusArgs) -> Result<()> {
     let socket = socket_of(&args.data_dir);
     let s = fetch(&socket).await?;
     // The meta group may be unreachable (a partition); the node's own view still prints.
     let g = meta_group(&socket).await;
+    let failing: Vec<SchemaApplierRow> = match &g {
+        Ok(_) => schema_appliers(&socket)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a.failed_version.is_some())
+            .collect(),
+        Err(_) => vec![],
+    };
     if args.json {
         let mut v = serde_json::to_value(&s)?;
         match &g {
             Ok(g) => v["meta"] = serde_json::to_value(g)?,
             Err(e) => v["meta_error"] = e.to_string().into(),
         }
+        v["failing_schema_appliers"] = serde_json::to_value(&failing)?;
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
@@ -98,6 +117,17 @@ pub async fn run(args: StatusArgs) -> Result<()> {
             p.last_error
                 .as_ref()
                 .map_or(String::new(), |e| format!("; last error: {e}"))
+        );
+    }
+    for a in &failing {
+        println!(
+            "  FAILING: node {} cannot apply schema version {} of database {:?} (applied {} of {}): {}",
+            a.node_id,
+            a.failed_version.unwrap_or_default(),
+            a.database,
+            a.applied,
+            a.latest,
+            a.error.as_deref().unwrap_or("")
         );
     }
     match g {

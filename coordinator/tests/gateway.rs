@@ -193,20 +193,21 @@ async fn simple_and_extended_protocols_see_the_same_results() {
     c.batch_execute("CREATE TABLE proto_t (id INT PRIMARY KEY, v TEXT)")
         .await
         .unwrap();
-    // Extended: parameters, typed columns, CockroachDB statements prepared like any other.
-    c.execute("INSERT INTO proto_t VALUES ($1, $2)", &[&1i32, &"one"])
+    // Extended: parameters, typed columns, CockroachDB statements prepared like any other
+    // (INT is CockroachDB's: 8 bytes).
+    c.execute("INSERT INTO proto_t VALUES ($1, $2)", &[&1i64, &"one"])
         .await
         .unwrap();
     let n = c
         .execute(
             "UPSERT INTO proto_t (id, v) VALUES ($1, $2)",
-            &[&1i32, &"uno"],
+            &[&1i64, &"uno"],
         )
         .await
         .unwrap();
     assert_eq!(n, 1);
     let row = c
-        .query_one("SELECT v FROM proto_t WHERE id = $1", &[&1i32])
+        .query_one("SELECT v FROM proto_t WHERE id = $1", &[&1i64])
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "uno");

@@ -291,3 +291,82 @@ async fn schema_changes_reach_every_node_when_they_commit_and_databases_and_role
         );
     }
 }
+
+/// A node that cannot apply a committed schema change (its copy has a table of the same name,
+/// made behind replication's back) is shown failing on every node — version and PostgreSQL's
+/// error in `multiregion.schema_appliers`; once the cause is removed on that node, its
+/// applier catches up by itself and the failure is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_schema_applier_is_shown_everywhere_and_catches_up_once_fixed() {
+    let dir = scratch("schema-failing");
+    let nodes = start_cluster(dir.path(), 66, WAN, &LOCALITIES).await;
+    exec(&mut nodes[0].sql().await, "CREATE DATABASE app").await;
+    for n in &nodes {
+        eventually(
+            "the database on every node",
+            Duration::from_secs(20),
+            || async { has_database(n, "app").await.then_some(()) },
+        )
+        .await;
+    }
+    let mut b = connect(&nodes[1], "app").await.unwrap();
+    let b_id = one(&mut b, "SELECT crdb_internal.node_id()::text").await;
+    exec(
+        &mut b,
+        "SET multiregion.replicate_ddl = off; CREATE TABLE clash (label text)",
+    )
+    .await;
+
+    let mut a = connect(&nodes[0], "app").await.unwrap();
+    exec(&mut a, "CREATE TABLE clash (id int PRIMARY KEY)").await;
+    let failing = format!(
+        "SELECT failed_version::text || ': ' || error FROM multiregion.schema_appliers \
+         WHERE database_name = 'app' AND node_id = {b_id}"
+    );
+    for n in &nodes {
+        let shown = eventually(
+            "the failure shown on every node",
+            Duration::from_secs(20),
+            || async {
+                let s = one(&mut connect(n, "app").await?, &failing).await;
+                (!s.is_empty()).then_some(s)
+            },
+        )
+        .await;
+        assert!(
+            shown.contains("relation \"clash\" already exists"),
+            "node {}: {shown}",
+            n.pg_port
+        );
+    }
+
+    // Fixed on that node (its own table dropped, behind replication's back again): the
+    // applier retries on its own and the replicated table arrives there.
+    exec(&mut b, "DROP TABLE clash").await;
+    eventually(
+        "the failing node caught up",
+        Duration::from_secs(30),
+        || async {
+            let mut c = connect(&nodes[0], "app").await?;
+            let s = one(
+                &mut c,
+                &format!(
+                    "SELECT (applied_version = latest_version AND failed_version IS NULL)::text \
+                     FROM multiregion.schema_appliers WHERE database_name = 'app' AND node_id = {b_id}"
+                ),
+            )
+            .await;
+            (s == "true").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        one(
+            &mut b,
+            "SELECT string_agg(attname, ',') FROM pg_attribute \
+             WHERE attrelid = 'clash'::regclass AND attnum > 0"
+        )
+        .await,
+        "id"
+    );
+}

@@ -345,6 +345,14 @@ pub fn cluster_settings() -> Result<Vec<(String, String)>, MrError> {
     }
 }
 
+/// Every node's progress through every database's schema log, from the meta group.
+pub fn schema_appliers() -> Result<Vec<mr_wire::local::SchemaApplierRow>, MrError> {
+    match call_meta(LocalRequest::SchemaAppliers)? {
+        LocalResponse::SchemaAppliers { appliers } => Ok(appliers),
+        other => Err(unexpected("schema_appliers", &other)),
+    }
+}
+
 /// A database's `CONFIGURE ZONE` overrides, from the meta group.
 pub fn zone_overrides(database: &str) -> Result<mr_meta::ZoneOverrides, MrError> {
     match call_meta(LocalRequest::ZoneOverrides {
@@ -509,6 +517,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::SequenceLimit { .. } => "sequence_limit",
         LocalResponse::ClusterSettings { .. } => "cluster_settings",
         LocalResponse::ZoneOverrides { .. } => "zone_overrides",
+        LocalResponse::SchemaAppliers { .. } => "schema_appliers",
         LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",
         LocalResponse::SchemaVersion { .. } => "schema_version",

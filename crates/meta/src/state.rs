@@ -161,6 +161,14 @@ pub enum Command {
         database: String,
         version: u64,
     },
+    /// A node's applier could not apply `version` (PostgreSQL's error): shown cluster-wide
+    /// until the node reports that version applied.
+    SchemaApplyFailed {
+        node_id: NodeId,
+        database: String,
+        version: u64,
+        error: String,
+    },
 }
 
 impl Command {
@@ -186,6 +194,10 @@ pub struct SchemaLog {
     pub changes: Vec<SchemaChange>,
     /// The highest version each node has reported applied to its PostgreSQL.
     pub applied: BTreeMap<NodeId, u64>,
+    /// Each node whose applier is failing: the version it cannot apply and why. Added in
+    /// snapshot format 8.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures: BTreeMap<NodeId, (u64, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -865,6 +877,25 @@ impl MetaState {
                 let log = self.schemas.get_mut(database).expect("checked above");
                 let applied = log.applied.entry(*node_id).or_insert(0);
                 *applied = (*applied).max(*version);
+                let applied = *applied;
+                log.failures
+                    .retain(|n, (v, _)| n != node_id || *v > applied);
+                Ok(Outcome::Done)
+            }
+            Command::SchemaApplyFailed {
+                node_id,
+                database,
+                version,
+                error,
+            } => {
+                let Some(log) = self.schemas.get_mut(database) else {
+                    return Err(MetaError::NoSuchDatabase {
+                        database: database.clone(),
+                    });
+                };
+                if log.applied_by(*node_id) < *version {
+                    log.failures.insert(*node_id, (*version, error.clone()));
+                }
                 Ok(Outcome::Done)
             }
         }

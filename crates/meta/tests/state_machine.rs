@@ -1442,3 +1442,46 @@ fn zone_overrides_follow_schema_changes_and_their_tables() {
     let decoded = snapshot::decode(&snapshot::encode(&s)).unwrap();
     assert_eq!(decoded.zones("movr"), s.zones("movr"));
 }
+
+/// A node's applier failure is kept with the database's schema log until that node reports
+/// the version applied; a failure reported for a version it has already applied is stale.
+#[test]
+fn a_failed_schema_change_is_shown_until_the_node_applies_it() {
+    let mut s = cluster();
+    propose(&mut s, 1, schema_change(0, "{}", Some(movr()), vec![]));
+    propose(&mut s, 2, schema_change(1, "{}", Some(movr()), vec![]));
+    let failed = |node_id: u64, version: u64| Command::SchemaApplyFailed {
+        node_id,
+        database: "movr".into(),
+        version,
+        error: "relation \"t\" already exists".into(),
+    };
+    assert_eq!(propose(&mut s, 3, failed(2, 2)), Outcome::Done);
+    let log = s.schema("movr").unwrap();
+    assert_eq!(log.failures.get(&2).map(|f| f.0), Some(2));
+    // Reported applied up to 1: still failing at 2.
+    propose(&mut s, 4, applied(2, 1));
+    assert!(s.schema("movr").unwrap().failures.contains_key(&2));
+    propose(&mut s, 5, applied(2, 2));
+    assert!(s.schema("movr").unwrap().failures.is_empty());
+    // Stale: version 1 is applied there already.
+    propose(&mut s, 6, failed(2, 1));
+    assert!(s.schema("movr").unwrap().failures.is_empty());
+    // Survives a snapshot.
+    propose(&mut s, 7, failed(3, 2));
+    let decoded = snapshot::decode(&snapshot::encode(&s)).unwrap();
+    assert_eq!(decoded.schema("movr").unwrap().failures.len(), 1);
+    assert!(matches!(
+        propose(
+            &mut s,
+            8,
+            Command::SchemaApplyFailed {
+                node_id: 2,
+                database: "nosuch".into(),
+                version: 1,
+                error: "x".into(),
+            }
+        ),
+        Outcome::Rejected { .. }
+    ));
+}

@@ -44,6 +44,9 @@ pub enum LocalRequest {
     /// (`multiregion.cluster_settings`, `multiregion.eventlog`).
     ClusterSettings,
     EventLog,
+    /// Every node's progress through every database's schema log, from the meta group:
+    /// [`LocalResponse::SchemaAppliers`].
+    SchemaAppliers,
     /// A database's `CONFIGURE ZONE` overrides, read linearizably:
     /// [`LocalResponse::ZoneOverrides`].
     ZoneOverrides {
@@ -606,10 +609,10 @@ pub enum LocalResponse {
         settings: Vec<(String, String)>,
     },
     ZoneOverrides {
-        zones: Vec<(
-            mr_meta::ZoneScope,
-            std::collections::BTreeMap<String, String>,
-        )>,
+        zones: mr_meta::ZoneOverrides,
+    },
+    SchemaAppliers {
+        appliers: Vec<SchemaApplierRow>,
     },
     EventLog {
         events: Vec<EventRow>,
@@ -843,6 +846,20 @@ pub struct Status {
     /// This node's schema-change applier, by database.
     #[serde(default)]
     pub schema: std::collections::BTreeMap<String, SchemaApplyStatus>,
+}
+
+/// One node's progress through one database's schema log, as the meta group knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchemaApplierRow {
+    pub database: String,
+    pub node_id: u64,
+    /// The latest version the node reported applied.
+    pub applied: u64,
+    /// The latest version in the log.
+    pub latest: u64,
+    /// The version the node's applier reported it cannot apply, with PostgreSQL's error.
+    pub failed_version: Option<u64>,
+    pub error: Option<String>,
 }
 
 /// How far this node's PostgreSQL has applied one database's schema log.

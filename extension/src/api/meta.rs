@@ -177,6 +177,48 @@ fn cluster_settings_info() -> TableIterator<'static, (name!(variable, String), n
     TableIterator::new(settings)
 }
 
+/// The columns of `schema_appliers_info()`, in order.
+type SchemaApplierRow = (String, i64, i64, i64, Option<i64>, Option<String>);
+
+/// Every node's progress through every database's schema log, from the meta group: the
+/// version each applied, the latest, and a change its applier reported it cannot apply
+/// (with PostgreSQL's error) until it applies it. The applier retries by itself (within
+/// 5 s); a failure stays here until the cause is fixed on that node (docs/ARCHITECTURE.md
+/// §5, "Schema changes").
+#[pg_extern(schema = "multiregion")]
+fn schema_appliers_info() -> TableIterator<
+    'static,
+    (
+        name!(database_name, String),
+        name!(node_id, i64),
+        name!(applied_version, i64),
+        name!(latest_version, i64),
+        name!(failed_version, Option<i64>),
+        name!(error, Option<String>),
+    ),
+> {
+    TableIterator::new(schema_applier_rows().or_raise())
+}
+
+fn schema_applier_rows() -> Result<Vec<SchemaApplierRow>, MrError> {
+    let mut rows = sidecar::schema_appliers()?;
+    rows.sort_by(|a, b| (&a.database, a.node_id).cmp(&(&b.database, b.node_id)));
+    rows.into_iter()
+        .map(|r| {
+            Ok((
+                r.database,
+                bigint("node_id", r.node_id)?,
+                bigint("applied", r.applied)?,
+                bigint("latest", r.latest)?,
+                r.failed_version
+                    .map(|v| bigint("failed_version", v))
+                    .transpose()?,
+                r.error,
+            ))
+        })
+        .collect()
+}
+
 /// The columns of `eventlog_info()`, in order.
 type EventLogRow = (i64, TimestampWithTimeZone, i64, i64, String, JsonB);
 
@@ -429,6 +471,8 @@ CREATE VIEW multiregion.cluster_settings AS
     SELECT * FROM multiregion.cluster_settings_info() ORDER BY variable;
 CREATE VIEW multiregion.eventlog AS
     SELECT * FROM multiregion.eventlog_info() ORDER BY id;
+CREATE VIEW multiregion.schema_appliers AS
+    SELECT * FROM multiregion.schema_appliers_info() ORDER BY database_name, node_id;
 REVOKE EXECUTE ON FUNCTION multiregion.set_cluster_setting(text, text) FROM PUBLIC;
 "#,
     name = "meta_views",
@@ -437,6 +481,7 @@ REVOKE EXECUTE ON FUNCTION multiregion.set_cluster_setting(text, text) FROM PUBL
         meta_group_info,
         cluster_settings_info,
         eventlog_info,
+        schema_appliers_info,
         set_cluster_setting
     ],
 );
