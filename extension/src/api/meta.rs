@@ -185,6 +185,7 @@ type SchemaApplierRow = (String, i64, i64, i64, Option<i64>, Option<String>);
 /// (with PostgreSQL's error) until it applies it. The applier retries by itself (within
 /// 5 s); a failure stays here until the cause is fixed on that node (docs/ARCHITECTURE.md
 /// §5, "Schema changes").
+#[allow(clippy::type_complexity)] // as for nodes_info()
 #[pg_extern(schema = "multiregion")]
 fn schema_appliers_info() -> TableIterator<
     'static,
