@@ -31,6 +31,19 @@ async fn has_database(node: &Node, db: &str) -> bool {
     one(&mut c, &q).await == "1"
 }
 
+/// Creates database `db` through the first node and waits until every node has it.
+async fn create_everywhere(nodes: &[Node], db: &str) {
+    exec(&mut nodes[0].sql().await, &format!("CREATE DATABASE {db}")).await;
+    for n in nodes {
+        eventually(
+            "the database on every node",
+            Duration::from_secs(20),
+            || async { has_database(n, db).await.then_some(()) },
+        )
+        .await;
+    }
+}
+
 /// The tables of `public` in `db` on `node`, sorted.
 async fn tables(node: &Node, db: &str) -> Vec<String> {
     let mut c = connect(node, db).await.expect("the database exists");
@@ -56,15 +69,7 @@ async fn schema_changes_reach_every_node_when_they_commit_and_databases_and_role
     let nodes = start_cluster(dir.path(), 47, WAN, &LOCALITIES).await;
 
     // A plain database, created through node 1, exists everywhere.
-    exec(&mut nodes[0].sql().await, "CREATE DATABASE app").await;
-    for n in &nodes {
-        eventually(
-            "the database on every node",
-            Duration::from_secs(20),
-            || async { has_database(n, "app").await.then_some(()) },
-        )
-        .await;
-    }
+    create_everywhere(&nodes, "app").await;
 
     // A rolled-back transaction's DDL reaches no node; a committed one reaches all (its
     // COMMIT returns once every live node applied it).
@@ -300,15 +305,7 @@ async fn schema_changes_reach_every_node_when_they_commit_and_databases_and_role
 async fn a_failing_schema_applier_is_shown_everywhere_and_catches_up_once_fixed() {
     let dir = scratch("schema-failing");
     let nodes = start_cluster(dir.path(), 66, WAN, &LOCALITIES).await;
-    exec(&mut nodes[0].sql().await, "CREATE DATABASE app").await;
-    for n in &nodes {
-        eventually(
-            "the database on every node",
-            Duration::from_secs(20),
-            || async { has_database(n, "app").await.then_some(()) },
-        )
-        .await;
-    }
+    create_everywhere(&nodes, "app").await;
     let mut b = connect(&nodes[1], "app").await.unwrap();
     let b_id = one(&mut b, "SELECT crdb_internal.node_id()::text").await;
     exec(

@@ -103,21 +103,7 @@ fn rewrite(
         }
         let text = &sql[el[0].start..el[el.len() - 1].end];
         let w = |i: usize| el.get(i).and_then(Token::word);
-        // `INDEX` and `FAMILY` are also PostgreSQL column names (`index int`, `family text`):
-        // an element is one of CockroachDB's only with a column list after its optional name
-        // (`index varchar(10)` is a column: a type's modifiers are numbers).
-        let list_after_name = |at: usize| {
-            let k = if matches!(
-                el.get(at).map(|t| &t.tok),
-                Some(Tok::Word(_) | Tok::Quoted(_))
-            ) {
-                at + 1
-            } else {
-                at
-            };
-            is_punct(el.get(k), '(')
-                && !matches!(el.get(k + 1).map(|t| &t.tok), Some(Tok::Number(_)))
-        };
+        let list_after_name = |at: usize| list_after_name(el, at);
         let index_at = match (w(0), w(1)) {
             (Some("index"), _) => Some((false, false, 1)),
             (Some("unique"), Some("index")) => Some((true, false, 2)),
@@ -755,17 +741,7 @@ fn is_column(el: &[Token]) -> bool {
     ) {
         return false;
     }
-    let list_after_name = |at: usize| {
-        let k = if matches!(
-            el.get(at).map(|t| &t.tok),
-            Some(Tok::Word(_) | Tok::Quoted(_))
-        ) {
-            at + 1
-        } else {
-            at
-        };
-        is_punct(el.get(k), '(') && !matches!(el.get(k + 1).map(|t| &t.tok), Some(Tok::Number(_)))
-    };
+    let list_after_name = |at: usize| list_after_name(el, at);
     match el[0].word() {
         Some("constraint" | "primary" | "unique" | "check" | "foreign" | "exclude" | "like") => {
             false
@@ -774,4 +750,20 @@ fn is_column(el: &[Token]) -> bool {
         Some("inverted") if el.get(1).and_then(Token::word) == Some("index") => !list_after_name(2),
         _ => true,
     }
+}
+
+/// Whether `el[at]` starts `[name] (column list)`. `INDEX` and `FAMILY` are also PostgreSQL
+/// column names (`index int`, `family text`): an element is one of CockroachDB's only with a
+/// column list after its optional name (`index varchar(10)` is a column: a type's modifiers
+/// are numbers).
+fn list_after_name(el: &[Token], at: usize) -> bool {
+    let k = if matches!(
+        el.get(at).map(|t| &t.tok),
+        Some(Tok::Word(_) | Tok::Quoted(_))
+    ) {
+        at + 1
+    } else {
+        at
+    };
+    is_punct(el.get(k), '(') && !matches!(el.get(k + 1).map(|t| &t.tok), Some(Tok::Number(_)))
 }

@@ -30,17 +30,8 @@ pub const PROTECTED: [&str; 6] = [
     "lease_preferences",
 ];
 
-const FIELDS: [&str; 9] = [
-    "range_min_bytes",
-    "range_max_bytes",
-    "gc.ttlseconds",
-    "global_reads",
-    "num_replicas",
-    "num_voters",
-    "constraints",
-    "voter_constraints",
-    "lease_preferences",
-];
+/// The fields a multi-region database leaves as they are.
+const UNPROTECTED: [&str; 3] = ["range_min_bytes", "range_max_bytes", "gc.ttlseconds"];
 
 /// CockroachDB's smallest `range_max_bytes`.
 const MIN_RANGE_MAX_BYTES: u64 = 64 << 10;
@@ -65,7 +56,7 @@ fn unsupported(message: String) -> DdlError {
 /// put in the form `SHOW ZONE CONFIGURATION` prints; the field's name lower-cased.
 pub fn normalize(field: &str, value: &str) -> Result<(String, String), DdlError> {
     let field = field.to_ascii_lowercase();
-    if !FIELDS.contains(&field.as_str()) {
+    if !PROTECTED.contains(&field.as_str()) && !UNPROTECTED.contains(&field.as_str()) {
         return Err(invalid(format!("unknown zone config field: {field:?}")));
     }
     let number = || -> Result<u64, DdlError> {
