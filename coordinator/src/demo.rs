@@ -259,6 +259,15 @@ async fn stop_all(nodes: &mut [DemoNode]) {
         {
             let _ = n.child.kill().await;
         }
+        // A node that died, or was killed, before stopping its PostgreSQL left it holding
+        // the node's ports: the next demo could not start.
+        let pgdata = crate::identity::pgdata_in(&n.data_dir);
+        if let Some(pid) = crate::postgres::stop_left_running(&pgdata).await {
+            eprintln!(
+                "stopped node {}'s PostgreSQL (pid {pid}), which its pgmr left running",
+                n.index
+            );
+        }
     }
 }
 

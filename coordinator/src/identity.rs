@@ -50,7 +50,7 @@ impl DataDir {
     }
 
     pub fn pgdata(&self) -> PathBuf {
-        self.root.join("pg")
+        pgdata_in(&self.root)
     }
     pub fn run_dir(&self) -> PathBuf {
         self.root.join("run")
@@ -190,4 +190,9 @@ mod tests {
         let err = DataDir::prepare(Path::new("/proc/pgmr-cannot-be-here")).unwrap_err();
         assert!(format!("{err:#}").contains("/proc/pgmr-cannot-be-here"));
     }
+}
+
+/// PostgreSQL's data directory inside the pgmr data directory `root`.
+pub fn pgdata_in(root: &Path) -> PathBuf {
+    root.join("pg")
 }

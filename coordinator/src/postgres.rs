@@ -247,21 +247,10 @@ impl PgConfig {
     /// Stops a postmaster left running by a pgmr that was killed: it holds the port and
     /// PGDATA's lock, and nobody else will ever stop it.
     pub async fn stop_orphan(&self) -> Result<()> {
-        let Some(pid) = self.recorded_pid() else {
-            return Ok(());
-        };
-        let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() != "postgres" || kill(Pid::from_raw(pid), None).is_err() {
-            return Ok(());
+        if let Some(pid) = stop_left_running(&self.pgdata()).await {
+            tracing::warn!(pid, "stopped a PostgreSQL left running by an earlier pgmr");
         }
-        tracing::warn!(pid, "stopping a PostgreSQL left running by an earlier pgmr");
-        stop_pid(pid).await;
         Ok(())
-    }
-
-    fn recorded_pid(&self) -> Option<i32> {
-        let text = fs::read_to_string(self.pgdata().join("postmaster.pid")).ok()?;
-        text.lines().next()?.trim().parse().ok()
     }
 
     /// Fails with one line if something else already listens on the PostgreSQL port.
@@ -475,6 +464,19 @@ async fn terminate(child: &mut Child) {
             return;
         }
     }
+}
+
+/// Stops the postmaster `pgdata`'s `postmaster.pid` names, if one is still running there
+/// (a pgmr that died, or was killed, before stopping it): its pid, if it was.
+pub async fn stop_left_running(pgdata: &Path) -> Option<i32> {
+    let text = fs::read_to_string(pgdata.join("postmaster.pid")).ok()?;
+    let pid: i32 = text.lines().next()?.trim().parse().ok()?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if comm.trim() != "postgres" || kill(Pid::from_raw(pid), None).is_err() {
+        return None;
+    }
+    stop_pid(pid).await;
+    Some(pid)
 }
 
 /// Stops a postmaster that is not our child (so it can only be polled, not waited for).

@@ -367,7 +367,7 @@ async fn joining_with_the_wrong_secret_is_refused() {
 
 /// `pgmr demo --no-shell` brings up a cluster whose every node sees every other, prints one
 /// connection URL per node, serves SQL on them, and on SIGTERM stops every process it started
-/// and removes its temporary data.
+/// (a PostgreSQL whose pgmr was killed included) and removes its temporary data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
     use std::io::{BufRead, BufReader};
@@ -440,6 +440,8 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
         })
         .collect();
     assert_eq!(children.len(), 3, "one pgmr child per node");
+    // One node's pgmr killed outright leaves its PostgreSQL running: the demo stops it too.
+    kill(Pid::from_raw(children[1]), Signal::SIGKILL).unwrap();
     let stderr = demo.stderr.take().unwrap();
     let err_text = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
     kill(Pid::from_raw(demo.id() as i32), Signal::SIGTERM).unwrap();
@@ -452,9 +454,15 @@ async fn demo_starts_a_cluster_and_cleans_up_on_sigterm() {
             "pgmr {pid} outlived the demo"
         );
     }
+    for port in 23100..23103 {
+        assert!(
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok(),
+            "PostgreSQL port {port} is free again\n{err_text}"
+        );
+    }
     assert!(
-        std::net::TcpListener::bind("127.0.0.1:23100").is_ok(),
-        "node 1's PostgreSQL port is free again"
+        err_text.contains("which its pgmr left running"),
+        "the demo says it stopped a PostgreSQL left running:\n{err_text}"
     );
 }
 
