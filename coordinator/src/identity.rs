@@ -156,6 +156,11 @@ pub fn random_hex(bytes: usize) -> Result<String> {
     Ok(mr_wire::auth::to_hex(&raw))
 }
 
+/// PostgreSQL's data directory inside the pgmr data directory `root`.
+pub fn pgdata_in(root: &Path) -> PathBuf {
+    root.join("pg")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,9 +195,4 @@ mod tests {
         let err = DataDir::prepare(Path::new("/proc/pgmr-cannot-be-here")).unwrap_err();
         assert!(format!("{err:#}").contains("/proc/pgmr-cannot-be-here"));
     }
-}
-
-/// PostgreSQL's data directory inside the pgmr data directory `root`.
-pub fn pgdata_in(root: &Path) -> PathBuf {
-    root.join("pg")
 }
