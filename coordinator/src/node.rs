@@ -830,6 +830,24 @@ impl Node {
                 })
                 .await
             }
+            LocalRequest::PartitionSample { table, partition } => {
+                if !self.ranges().enabled() {
+                    return LocalResponse::NotReplicated;
+                }
+                match self.ranges().partition_sample(&table, &partition).await {
+                    Ok(Some(row)) => LocalResponse::PartitionSample { row },
+                    // No range yet, or leased here: the asking session's copy is the one.
+                    Ok(None) => LocalResponse::NotReplicated,
+                    Err(e) => LocalResponse::Error {
+                        message: format!(
+                            "cannot read partition {partition:?} of {}.{} at its leaseholder: {e}",
+                            table.schema, table.table
+                        ),
+                        retryable: true,
+                        ambiguous: false,
+                    },
+                }
+            }
             LocalRequest::SchemaAppliers => {
                 self.read(|s, _| {
                     let nodes: Vec<u64> = s.nodes().map(|n| n.node_id).collect();
@@ -1498,6 +1516,10 @@ impl Handler for Node {
             },
             PeerRequest::RangeChecksum { range_id } => match self.ranges.get().cloned() {
                 Some(r) => Box::pin(async move { r.serve_checksum(range_id).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::RangeSample { range_id } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_sample(range_id).await }),
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::RangeSeed {

@@ -3369,3 +3369,118 @@ async fn foreign_keys_between_tables_computing_the_region_alike_are_checked_in_t
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }
+
+/// DROP REGION is refused where it is typed while the region's partitions hold rows, even on
+/// a node that holds no replica of them (PLACEMENT RESTRICTED keeps every replica in its
+/// region): the check asks each partition's leaseholder, so no node is left unable to apply a
+/// committed change and no row is dropped with its partition. A node's copy of a partition it
+/// no longer holds keeps rows deleted since; once the leaseholder has none the region drops
+/// everywhere, those nodes included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_them() {
+    let dir = scratch("data-drop-region");
+    let nodes = start_cluster(dir.path(), 67, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    // Account 2 leaves us-west1 while every node has a replica there; account 21 arrives
+    // there and stays on the other nodes' copies after they lose their replicas.
+    exec(&mut west, "DELETE FROM accounts WHERE id = 2").await;
+    exec(
+        &mut west,
+        "INSERT INTO accounts (id, balance) VALUES (21, 5)",
+    )
+    .await;
+    for n in &nodes {
+        eventually("account 21 everywhere", Duration::from_secs(30), || async {
+            let mut c = connect(n, "mr").await?;
+            let here: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM accounts_us_west1 WHERE id = 21")
+                    .fetch_one(&mut c)
+                    .await
+                    .ok()?;
+            (here == 1).then_some(())
+        })
+        .await;
+    }
+    exec(
+        &mut east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
+    )
+    .await;
+    let east_id: i64 = sqlx::query_scalar("SELECT node_id FROM multiregion.node_info()")
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    eventually(
+        "the us-east1 node without a replica of the us-west1 partition",
+        Duration::from_secs(60),
+        || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let holds: bool = sqlx::query_scalar(
+                "SELECT $1 = ANY (voting_replicas || non_voting_replicas) FROM multiregion.ranges \
+                 WHERE database_name = 'mr' AND table_name = 'accounts' AND partition = 'us-west1'",
+            )
+            .bind(east_id)
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (!holds).then_some(())
+        },
+    )
+    .await;
+    // Account 21 leaves, account 20 arrives: only the us-west1 node's copy knows.
+    exec(&mut west, "DELETE FROM accounts WHERE id = 21").await;
+    exec(
+        &mut west,
+        "INSERT INTO accounts (id, balance) VALUES (20, 7)",
+    )
+    .await;
+    let drop_west = r#"SELECT multiregion.execute('ALTER DATABASE mr DROP REGION "us-west1"')"#;
+    let err = sqlx::raw_sql(drop_west)
+        .execute(&mut east)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "2BP01", "{err}");
+    assert!(
+        err.to_string().contains(
+            r#"could not remove enum value "us-west1" as it is being used by "public.accounts" in row: (20,7"#
+        ),
+        "{err}"
+    );
+    let regions = "SELECT cardinality(regions)::int8 FROM multiregion.database_regions() \
+                   WHERE database_name = 'mr'";
+    for n in &nodes {
+        let mut c = connect(n, "mr").await.unwrap();
+        let n_regions: i64 = sqlx::query_scalar(regions).fetch_one(&mut c).await.unwrap();
+        assert_eq!(n_regions, 3, "node {}: nothing changed", n.pg_port);
+    }
+
+    // Without the row (deleted through the same node, at its leaseholder) it drops, and
+    // every node applies it, those whose copy still holds account 21 too.
+    exec(
+        &mut east,
+        "DELETE FROM accounts WHERE crdb_region = 'us-west1'",
+    )
+    .await;
+    exec(&mut east, drop_west).await;
+    for n in &nodes {
+        eventually(
+            "the region dropped on every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let (regions, failing): (i64, i64) = sqlx::query_as(&format!(
+                    "SELECT ({regions}), (SELECT count(*) FROM multiregion.schema_appliers \
+                     WHERE failed_version IS NOT NULL)"
+                ))
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                (regions == 2 && failing == 0).then_some(())
+            },
+        )
+        .await;
+    }
+    check_consistency(&nodes[0]);
+}

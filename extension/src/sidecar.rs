@@ -345,6 +345,20 @@ pub fn cluster_settings() -> Result<Vec<(String, String)>, MrError> {
     }
 }
 
+/// One row of `table`'s partition `partition`, read at its range's leaseholder
+/// (`Some(None)`: it has none); `None` while rows are not replicated, the partition has no
+/// range yet or this node leases it (this node's copy is then the one to read).
+pub fn partition_sample(
+    table: mr_meta::TableRef,
+    partition: String,
+) -> Result<Option<Option<String>>, MrError> {
+    match call(LocalRequest::PartitionSample { table, partition })? {
+        LocalResponse::PartitionSample { row } => Ok(Some(row)),
+        LocalResponse::NotReplicated => Ok(None),
+        other => Err(unexpected("partition_sample", &other)),
+    }
+}
+
 /// Every node's progress through every database's schema log, from the meta group.
 pub fn schema_appliers() -> Result<Vec<mr_wire::local::SchemaApplierRow>, MrError> {
     match call_meta(LocalRequest::SchemaAppliers)? {
@@ -518,6 +532,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::ClusterSettings { .. } => "cluster_settings",
         LocalResponse::ZoneOverrides { .. } => "zone_overrides",
         LocalResponse::SchemaAppliers { .. } => "schema_appliers",
+        LocalResponse::PartitionSample { .. } => "partition_sample",
         LocalResponse::EventLog { .. } => "event_log",
         LocalResponse::Error { .. } => "error",
         LocalResponse::SchemaVersion { .. } => "schema_version",

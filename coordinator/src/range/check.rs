@@ -165,6 +165,85 @@ impl Ranges {
         }
     }
 
+    /// One row of a REGIONAL BY ROW table's partition, read where the partition's range is
+    /// leased (a node holds only the ranges placement gives it, so its own copy may lack the
+    /// rows, or keep ones deleted since): `Some(None)` when it has none; `None` when the
+    /// partition has no range (yet) or this node leases it — the asking session's own copy is
+    /// then the one to read (with its transaction's own changes).
+    pub async fn partition_sample(
+        &self,
+        table: &mr_meta::TableRef,
+        partition: &str,
+    ) -> Result<Option<Option<String>>, String> {
+        let found = self.meta.read(|s| {
+            let r = s
+                .ranges()
+                .find(|r| &r.table == table && r.partition.as_deref() == Some(partition))?;
+            let holder = s.lease(r.range_id).map(|l| l.holder);
+            let addr = holder.and_then(|h| s.node(h)).map(|n| n.rpc_addr.clone());
+            Some((r.range_id, holder, addr))
+        });
+        let Some((range_id, holder, addr)) = found else {
+            return Ok(None);
+        };
+        let row = match (holder, addr) {
+            (Some(h), _) if h == self.me => return Ok(None),
+            (Some(_), Some(addr)) => {
+                match self
+                    .transport
+                    .call(
+                        &addr,
+                        PeerRequest::RangeSample { range_id },
+                        Duration::from_secs(10),
+                    )
+                    .await
+                {
+                    Ok(PeerResponse::RangeSample { row }) => Ok(row),
+                    Ok(PeerResponse::Error { message, .. }) => Err(message),
+                    Ok(other) => Err(format!("unexpected answer {other:?}")),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            _ => Err(format!("range {range_id} has no leaseholder")),
+        };
+        row.map(Some)
+    }
+
+    /// One row of this node's copy of a range, served to a peer as the range's leaseholder.
+    async fn local_sample(&self, range_id: u64) -> Result<Option<String>, String> {
+        let (table, partition) = self
+            .meta
+            .read(|s| {
+                s.range(range_id)
+                    .map(|r| (r.table.clone(), r.partition.clone()))
+            })
+            .ok_or_else(|| format!("range {range_id} does not exist"))?;
+        let partition = partition.ok_or_else(|| format!("range {range_id} is a whole table"))?;
+        let mut c = self
+            .pg_cfg
+            .connect_options(&table.database)
+            .application_name("pgmr partition check")
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let r = sample(&mut c, &table.schema, &table.table, &partition)
+            .await
+            .map_err(|e| e.to_string());
+        let _ = c.close().await;
+        r
+    }
+
+    /// Serves a peer's request for a row of a range it leases.
+    pub async fn serve_sample(&self, range_id: u64) -> PeerResponse {
+        match self.local_sample(range_id).await {
+            Ok(row) => PeerResponse::RangeSample { row },
+            Err(message) => PeerResponse::Error {
+                message,
+                retryable: true,
+            },
+        }
+    }
+
     /// Serves a peer's request for this node's summary of a range.
     pub async fn serve_checksum(&self, range_id: u64) -> PeerResponse {
         match self.local_checksum(range_id).await {
@@ -179,6 +258,34 @@ impl Ranges {
             },
         }
     }
+}
+
+/// One row of `schema.table`'s partition for `region`, as text (`t::text`).
+async fn sample(
+    c: &mut PgConnection,
+    schema: &str,
+    table: &str,
+    region: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let part: Option<String> = sqlx::query_scalar(
+        "SELECT c.oid::regclass::text FROM pg_catalog.pg_inherits i \
+         JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text)) \
+           AND pg_catalog.pg_get_expr(c.relpartbound, c.oid) = \
+               'FOR VALUES IN (' || pg_catalog.quote_literal($3) || ')'",
+    )
+    .bind(schema)
+    .bind(table)
+    .bind(region)
+    .fetch_optional(&mut *c)
+    .await?;
+    let Some(part) = part else {
+        return Ok(None);
+    };
+    // `part` is regclass's own quoted text of an existing relation.
+    sqlx::query_scalar(&format!("SELECT t::text FROM ONLY {part} t LIMIT 1"))
+        .fetch_optional(&mut *c)
+        .await
 }
 
 fn summarise<'a>(

@@ -1196,9 +1196,17 @@ impl Ranges {
         if !enabled {
             return Ok(false);
         }
+        // A replica the descriptor no longer lists keeps its group a while (a quick re-add
+        // finds its log): it follows no leader any more, so it is not this node's to wait on.
+        let listed = |r: u64| {
+            self.meta.read(|s| {
+                s.range(r)
+                    .is_some_and(|d| d.replicas.iter().any(|x| x.node_id == self.me))
+            })
+        };
         let ranges: Vec<_> = ranges
             .into_iter()
-            .filter(|&(r, _)| !local_only || self.group(r).is_some())
+            .filter(|&(r, _)| !local_only || (self.group(r).is_some() && listed(r)))
             .collect();
         self.barrier(ranges).await?;
         Ok(true)

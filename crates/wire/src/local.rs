@@ -47,6 +47,14 @@ pub enum LocalRequest {
     /// Every node's progress through every database's schema log, from the meta group:
     /// [`LocalResponse::SchemaAppliers`].
     SchemaAppliers,
+    /// One row of a REGIONAL BY ROW table's partition as its range's leaseholder holds it:
+    /// [`LocalResponse::PartitionSample`], or [`LocalResponse::NotReplicated`] when rows are
+    /// not replicated, the partition has no range yet or this node leases it (this node's
+    /// copy is then the one).
+    PartitionSample {
+        table: TableRef,
+        partition: String,
+    },
     /// A database's `CONFIGURE ZONE` overrides, read linearizably:
     /// [`LocalResponse::ZoneOverrides`].
     ZoneOverrides {
@@ -613,6 +621,9 @@ pub enum LocalResponse {
     },
     SchemaAppliers {
         appliers: Vec<SchemaApplierRow>,
+    },
+    PartitionSample {
+        row: Option<String>,
     },
     EventLog {
         events: Vec<EventRow>,

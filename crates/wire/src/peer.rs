@@ -76,6 +76,9 @@ pub enum PeerRequest {
     /// A checksum of this node's rows of a range at its applied index:
     /// [`PeerResponse::RangeChecksum`].
     RangeChecksum { range_id: u64 },
+    /// One row of a range as its leaseholder holds it (a region dropped while a REGIONAL BY
+    /// ROW partition still has rows): [`PeerResponse::RangeSample`].
+    RangeSample { range_id: u64 },
     /// This node's range replicas' progress: answered with [`PeerResponse::RangeProgress`].
     RangeProgress,
     /// This node's SQL gateway statement latencies over time (the console's chart):
@@ -191,6 +194,10 @@ pub enum PeerResponse {
         applied_index: u64,
         row_count: u64,
         checksum: String,
+    },
+    /// A row of the range as text (`t::text`), or none if it has no rows.
+    RangeSample {
+        row: Option<String>,
     },
     /// What a forwarded step did: a `LocalResponse::Forwarded` or `LocalResponse::SqlError`.
     Exec {

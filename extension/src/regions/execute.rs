@@ -73,7 +73,10 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
         position: e.position,
         sqlstate: e.sqlstate,
     })?;
-    let mut effect = Effect::default();
+    let mut effect = Effect {
+        typed_here: matches!(origin, Origin::User),
+        ..Effect::default()
+    };
     let multi_region = || catalog::load(false).0.is_some();
     // Plain DDL through this door reaches every node as it does at top level (where the
     // ProcessUtility hook sends it; nested here, it does not see it): in any database,

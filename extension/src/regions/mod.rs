@@ -122,6 +122,9 @@ struct Effect {
     changed: bool,
     /// `CONFIGURE ZONE` overrides set or discarded, for the meta group.
     zones: Vec<mr_meta::ZoneChange>,
+    /// The statement was typed here (not applied from another node's change): checks that
+    /// need the whole cluster's rows ask the ranges' leaseholders.
+    typed_here: bool,
 }
 
 /// The domain that holds a database's regions, in `public` as CockroachDB has it.
@@ -182,7 +185,13 @@ fn apply_database_change(
                 let added: Vec<&String> = next.regions.difference(&before.regions).collect();
                 let dropped: Vec<&String> = before.regions.difference(&next.regions).collect();
                 for region in &dropped {
-                    rbr::check_region_unused(region)?;
+                    rbr::check_region_unused(region, effect.typed_here)?;
+                }
+                // The dropped regions' partitions go before the domain stops allowing them: a
+                // node's copy of a partition it no longer holds a replica of can keep rows the
+                // range deleted since, which the domain's new check would trip over.
+                for region in &dropped {
+                    rbr::drop_partitions(region);
                 }
                 if !added.is_empty() || !dropped.is_empty() {
                     set_region_domain(next, false);
@@ -190,13 +199,10 @@ fn apply_database_change(
                 for region in added {
                     rbr::add_partitions(region);
                 }
-                for region in dropped {
-                    rbr::drop_partitions(region);
-                }
             }
             (Some(before), None) => {
                 for region in &before.regions {
-                    rbr::check_region_unused(region)?;
+                    rbr::check_region_unused(region, effect.typed_here)?;
                 }
                 run(&format!("DROP DOMAIN {REGION_TYPE}"));
                 run("DELETE FROM multiregion.table_locality");

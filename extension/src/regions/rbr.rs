@@ -52,12 +52,40 @@ pub(crate) fn partition_of(parent: Oid, region: &str) -> Option<String> {
 }
 
 /// Refuses to drop `region` while a REGIONAL BY ROW table has rows in it; from here to the
-/// end of the transaction no row can take the region (the tables are locked against writes).
-pub fn check_region_unused(region: &str) -> Result<(), MrError> {
+/// end of the transaction no row can take the region here (the tables are locked against
+/// writes). With `at_leaseholders` (the node where the statement was typed) each partition
+/// is read at its range's leaseholder: placement gives a node only some ranges, so its copy
+/// of the others may lack rows (and every node that holds them would refuse the change after
+/// it committed) or keep rows deleted since. With rows replicated, an applier of the
+/// committed change (not `at_leaseholders`) checks nothing: the change was checked at the
+/// leaseholders where it was typed, and its own copy may hold exactly such stale rows.
+/// Without replication each node's rows are its own, and each checks them.
+pub fn check_region_unused(region: &str, at_leaseholders: bool) -> Result<(), MrError> {
+    let database = catalog::database_name();
+    let checked_where_typed = !at_leaseholders
+        && crate::gucs::sidecar_socket().is_some()
+        && crate::sidecar::replication_enabled().unwrap_or(false);
     for (relid, name, _) in catalog::rbr_tables() {
         run(&format!("LOCK TABLE {name} IN SHARE MODE"));
+        if checked_where_typed {
+            continue;
+        }
         if let Some(part) = partition_of(relid, region) {
-            if let Some(row) = one(&format!("SELECT t::text FROM {part} t LIMIT 1"), vec![]) {
+            let mut sampled = None;
+            if at_leaseholders && crate::gucs::sidecar_socket().is_some() {
+                let (schema, table) = schema_and_name(relid);
+                let t = mr_meta::TableRef {
+                    database: database.clone(),
+                    schema,
+                    table,
+                };
+                sampled = crate::sidecar::partition_sample(t, region.to_string())?;
+            }
+            let row = match sampled {
+                Some(row) => row,
+                None => one(&format!("SELECT t::text FROM {part} t LIMIT 1"), vec![]),
+            };
+            if let Some(row) = row {
                 return Err(MrError::RegionInUse {
                     region: region.to_string(),
                     table: name,
