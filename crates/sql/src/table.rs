@@ -112,7 +112,8 @@ fn rewrite(
         }
         .filter(|(_, _, at)| list_after_name(*at));
         if let Some((unique, inverted, at)) = index_at {
-            let (index, shard) = index_statement(sql, el, at, unique, inverted, table_sql)?;
+            let (index, shard) =
+                index_statement(sql, el, at, unique, inverted, (table_sql, table_name))?;
             indexes.push(index);
             shards.extend(shard);
             changed = true;
@@ -343,7 +344,7 @@ fn index_statement(
     mut at: usize,
     unique: bool,
     inverted: bool,
-    table_sql: &str,
+    (table_sql, table_name): (&str, &str),
 ) -> Result<(String, Option<String>), SyntaxError> {
     let error = |t: Option<&Token>, msg: &str| match t {
         Some(t) => SyntaxError::at(sql, t.start, msg),
@@ -365,6 +366,16 @@ fn index_statement(
         ));
     }
     let close = closing(el, at).ok_or_else(|| error(None, "syntax error at end of input"))?;
+    // An unnamed unique index is named as CockroachDB names it (PostgreSQL would say `_idx`).
+    if unique && name.is_empty() {
+        let columns = key_columns(&el[at..=close]);
+        if !columns.is_empty() {
+            name = format!(
+                "{} ",
+                crate::translate::ident(&format!("{table_name}_{}_key", columns.join("_")))
+            );
+        }
+    }
     let head = format!(
         "CREATE {}INDEX {name}ON {table_sql}{} ",
         if unique { "UNIQUE " } else { "" },

@@ -810,3 +810,17 @@ fn configure_zone_forms() {
         Ok(None)
     );
 }
+
+#[test]
+fn an_unnamed_unique_index_is_named_as_cockroachdb_names_it() {
+    match ok("CREATE TABLE t (a STRING, b INT8, UNIQUE INDEX (a, b DESC), INDEX (b))") {
+        Statement::CreateTable { indexes, .. } => assert_eq!(
+            indexes,
+            [
+                "CREATE UNIQUE INDEX \"t_a_b_key\" ON t (a, b DESC)",
+                "CREATE INDEX ON t (b)",
+            ]
+        ),
+        other => panic!("{other:?}"),
+    }
+}
