@@ -55,10 +55,7 @@ fn unsupported(message: String) -> DdlError {
 /// `field = value` as written (a number, a string's contents, `true`/`false`), checked and
 /// put in the form `SHOW ZONE CONFIGURATION` prints; the field's name lower-cased.
 pub fn normalize(field: &str, value: &str) -> Result<(String, String), DdlError> {
-    let field = field.to_ascii_lowercase();
-    if !PROTECTED.contains(&field.as_str()) && !UNPROTECTED.contains(&field.as_str()) {
-        return Err(invalid(format!("unknown zone config field: {field:?}")));
-    }
+    let field = field_name(field)?;
     let number = || -> Result<u64, DdlError> {
         value
             .trim()
@@ -106,6 +103,15 @@ pub fn normalize(field: &str, value: &str) -> Result<(String, String), DdlError>
         _ => constraints(value)?.to_crdb(),
     };
     Ok((field, v))
+}
+
+/// A field's name, lower-cased, if it is one of CockroachDB's zone configuration fields.
+pub fn field_name(field: &str) -> Result<String, DdlError> {
+    let field = field.to_ascii_lowercase();
+    if !PROTECTED.contains(&field.as_str()) && !UNPROTECTED.contains(&field.as_str()) {
+        return Err(invalid(format!("unknown zone config field: {field:?}")));
+    }
+    Ok(field)
 }
 
 /// `+region=a` → `a`; other tiers and prohibitive constraints are not placement this

@@ -153,16 +153,9 @@ pub(super) fn configure(
                         let (f, v) = overrides::normalize(field, v)?;
                         merged.insert(f, v);
                     }
+                    // COPY FROM PARENT: the scope inherits the field again.
                     None => {
-                        let (f, _) = overrides::normalize(field, "1").or_else(|e| {
-                            // Only the name matters for COPY FROM PARENT.
-                            if e.message.starts_with("unknown") {
-                                Err(e)
-                            } else {
-                                Ok((field.to_ascii_lowercase(), String::new()))
-                            }
-                        })?;
-                        merged.remove(&f);
+                        merged.remove(&overrides::field_name(field)?);
                     }
                 }
             }
