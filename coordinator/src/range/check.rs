@@ -25,13 +25,7 @@ type Summary = (u64, u64, String);
 impl Ranges {
     /// This node's summary of its replica of `range_id`.
     pub async fn local_checksum(&self, range_id: u64) -> Result<Summary, String> {
-        let (table, partition) = self
-            .meta
-            .read(|s| {
-                s.range(range_id)
-                    .map(|r| (r.table.clone(), r.partition.clone()))
-            })
-            .ok_or_else(|| format!("range {range_id} does not exist"))?;
+        let (table, partition) = self.range_table(range_id)?;
         if self.group(range_id).is_none() {
             return Err(format!(
                 "node {} runs no replica of range {range_id}",
@@ -42,12 +36,8 @@ impl Ranges {
             return Err("PostgreSQL is not ready".into());
         }
         let mut c = self
-            .pg_cfg
-            .connect_options(&table.database)
-            .application_name("pgmr consistency check")
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
+            .connect_to(&table.database, "pgmr consistency check")
+            .await?;
         let r = summarise(
             &mut c,
             range_id,
@@ -211,26 +201,37 @@ impl Ranges {
 
     /// One row of this node's copy of a range, served to a peer as the range's leaseholder.
     async fn local_sample(&self, range_id: u64) -> Result<Option<String>, String> {
-        let (table, partition) = self
-            .meta
-            .read(|s| {
-                s.range(range_id)
-                    .map(|r| (r.table.clone(), r.partition.clone()))
-            })
-            .ok_or_else(|| format!("range {range_id} does not exist"))?;
+        let (table, partition) = self.range_table(range_id)?;
         let partition = partition.ok_or_else(|| format!("range {range_id} is a whole table"))?;
         let mut c = self
-            .pg_cfg
-            .connect_options(&table.database)
-            .application_name("pgmr partition check")
-            .connect()
-            .await
-            .map_err(|e| e.to_string())?;
+            .connect_to(&table.database, "pgmr partition check")
+            .await?;
         let r = sample(&mut c, &table.schema, &table.table, &partition)
             .await
             .map_err(|e| e.to_string());
         let _ = c.close().await;
         r
+    }
+
+    /// The table (and partition) a range holds.
+    fn range_table(&self, range_id: u64) -> Result<(mr_meta::TableRef, Option<String>), String> {
+        self.meta
+            .read(|s| {
+                s.range(range_id)
+                    .map(|r| (r.table.clone(), r.partition.clone()))
+            })
+            .ok_or_else(|| format!("range {range_id} does not exist"))
+    }
+
+    /// A connection to `database` on this node's PostgreSQL, as `application` in
+    /// `pg_stat_activity`.
+    async fn connect_to(&self, database: &str, application: &str) -> Result<PgConnection, String> {
+        self.pg_cfg
+            .connect_options(database)
+            .application_name(application)
+            .connect()
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Serves a peer's request for a row of a range it leases.
