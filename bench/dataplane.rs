@@ -386,6 +386,46 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
         p50_p99(latencies_text(&mut w, uuid_insert, 50).await),
         "local quorum in us-west1",
     );
+    // Upserts by the declared key (CockroachDB's ON CONFLICT (k) and UPSERT: the row looked up
+    // in whichever region holds it), against the region-prefixed key PostgreSQL's partitions
+    // allow (the conflict looked for in the proposed region only), through us-west1.
+    let upsert = |key: &str, k: i64| {
+        format!("INSERT INTO rbr (k, v) VALUES ({k}, 1) ON CONFLICT ({key}) DO UPDATE SET v = excluded.v")
+    };
+    row(
+        "upsert of an existing us-west1 row by (crdb_region, k) (baseline), through the us-west1 leaseholder",
+        p50_p99(latencies_text(&mut w, &upsert("crdb_region, k", 101), 50).await),
+        "local quorum in us-west1",
+    );
+    row(
+        "same, by k alone (found in this region's partition first)",
+        p50_p99(latencies_text(&mut w, &upsert("k", 101), 50).await),
+        "local quorum in us-west1",
+    );
+    let mut fresh = (Vec::new(), Vec::new());
+    for i in 0..50 {
+        fresh
+            .0
+            .extend(latencies_text(&mut w, &upsert("crdb_region, k", 600_000 + i), 1).await);
+        fresh
+            .1
+            .extend(latencies_text(&mut w, &upsert("k", 700_000 + i), 1).await);
+    }
+    row(
+        "upsert of a new key by (crdb_region, k) (baseline), through the us-west1 leaseholder",
+        p50_p99(fresh.0),
+        "189 ms (as the INSERT of an int key above)",
+    );
+    row(
+        "same, by k alone (the key table read at its us-east1 leaseholder first)",
+        p50_p99(fresh.1),
+        "189 + 63 ms (one more round trip)",
+    );
+    row(
+        "upsert of an existing us-east1 row by k alone, through the us-west1 node (updated at its leaseholder)",
+        p50_p99(latencies_text(&mut w, &upsert("k", 1), 25).await),
+        "key table read, the other regions' partitions read (63 + 63 ms), the row at its us-east1 leaseholder, prepare, commit",
+    );
 }
 
 /// Rows of a bulk load: about 15 MB of changes, several Raft entries.

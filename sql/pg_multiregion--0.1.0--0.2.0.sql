@@ -72,3 +72,82 @@ STRICT
 LANGUAGE c AS 'MODULE_PATHNAME', 'schema_appliers_info_wrapper';
 CREATE VIEW multiregion.schema_appliers AS
     SELECT * FROM multiregion.schema_appliers_info() ORDER BY database_name, node_id;
+
+-- INSERT … ON CONFLICT (key) on a REGIONAL BY ROW table, by a key without the region column
+-- (CockroachDB's UPSERT, and its ON CONFLICT over an implicitly partitioned key): the region
+-- of the row that already holds the key, in whichever partition it lives, else the region the
+-- new row would get. rewrite.rs puts this call in the region column, so the row is written
+-- into — and its conflict decided in — the partition that has the key, and updated there. A
+-- region the statement decides — given, or computed from its values — for a key that lives
+-- in another region is refused, not ignored: PostgreSQL's ON CONFLICT DO UPDATE cannot move
+-- a row between partitions, and a computed region's CHECK ties the proposed row to its own.
+CREATE FUNCTION multiregion.conflict_region(p_table regclass, p_key jsonb, p_proposed text,
+                                            p_explicit boolean)
+RETURNS text LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_column name;
+    v_regions text[];
+    v_match text;
+    v_found text;
+    v_key_table regclass;
+    v_held boolean;
+BEGIN
+    SELECT l.region_column INTO v_column FROM multiregion.table_locality l
+     WHERE l.relid = p_table AND l.locality = 'regional_by_row';
+    -- Keys with a NULL part are never equal to another (SQL's rule): no conflict to find.
+    IF v_column IS NULL OR p_key IS NULL
+       OR EXISTS (SELECT 1 FROM jsonb_each(p_key) e WHERE e.value = 'null') THEN
+        RETURN p_proposed;
+    END IF;
+    SELECT string_agg(format('t.%I = k.%I', e.key, e.key), ' AND ') INTO v_match
+      FROM jsonb_each(p_key) e;
+    -- The proposed region first, as CockroachDB's locality-optimized search does: usually
+    -- this node's, whose partition it leases, so an update of a row of its own region reads
+    -- nothing elsewhere. The regions are literals, so the planner prunes to their partitions
+    -- (and the statement is routed by them); the region leads each partition's key.
+    IF p_proposed IS NOT NULL THEN
+        EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
+                       'WHERE t.%I = %L AND %s LIMIT 1',
+                       v_column, p_table, p_table, v_column, p_proposed, v_match)
+           INTO v_found USING p_key;
+        IF v_found IS NOT NULL THEN
+            RETURN v_found;
+        END IF;
+    END IF;
+    -- Then the key table that keeps the key unique across regions, if there is one: a new
+    -- key — the other common case — is absent from it, and one range answers for every
+    -- region. (A key unique by construction has none; then every other region is read.)
+    SELECT g.key_table INTO v_key_table FROM multiregion.global_key g
+     WHERE g.relid = p_table
+       AND (SELECT array_agg(c::text ORDER BY c) FROM unnest(g.columns) c)
+           = (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(p_key) k);
+    IF v_key_table IS NOT NULL THEN
+        EXECUTE format('SELECT true FROM %s t, jsonb_populate_record(NULL::%s, $1) k WHERE %s',
+                       v_key_table, v_key_table, v_match)
+           INTO v_held USING p_key;
+        IF v_held IS NULL THEN
+            RETURN p_proposed;
+        END IF;
+    END IF;
+    SELECT array_agg(r) INTO v_regions FROM multiregion.database_config c, unnest(c.regions) r
+     WHERE r IS DISTINCT FROM p_proposed;
+    IF v_regions IS NULL THEN
+        RETURN p_proposed;
+    END IF;
+    EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
+                   'WHERE t.%I IN (%s) AND %s LIMIT 1',
+                   v_column, p_table, p_table, v_column,
+                   (SELECT string_agg(quote_literal(r), ', ') FROM unnest(v_regions) r), v_match)
+       INTO v_found USING p_key;
+    IF v_found IS NULL THEN
+        RETURN p_proposed;
+    END IF;
+    IF p_explicit AND p_proposed IS DISTINCT FROM v_found THEN
+        RAISE EXCEPTION 'cannot move the row with key % of table % from region "%" to "%" by INSERT … ON CONFLICT',
+                p_key, p_table, v_found, p_proposed
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Move the row with UPDATE first, or write values that keep it in its region.';
+    END IF;
+    RETURN v_found;
+END
+$fn$;

@@ -279,7 +279,9 @@ unsafe fn write_region(
 ) {
     use pg_sys::CmdType::*;
     let (computed, rehome) = (table.computed.as_deref(), table.auto_rehoming);
-    if computed.is_none() && !rehome {
+    // SAFETY: the analysed statement's ON CONFLICT clause, read only.
+    let by_key = unsafe { conflict_key_without_region(query, rte, table) };
+    if computed.is_none() && !rehome && by_key.is_none() {
         return;
     }
     // SAFETY: the relation is the statement's target, locked by the analysis that named it;
@@ -304,8 +306,40 @@ unsafe fn write_region(
                         has_sublinks,
                     );
                 }
+                if let Some(key) = &by_key {
+                    query.targetList = conflict_in_row_region(
+                        rel,
+                        rte,
+                        varno,
+                        query.targetList,
+                        table,
+                        key,
+                        has_sublinks,
+                    );
+                    let oc = query.onConflict;
+                    let region = pg_sys::makeVar(
+                        varno,
+                        table.region_attno,
+                        attribute(rel, table.region_attno).atttypid,
+                        -1,
+                        attribute(rel, table.region_attno).attcollation,
+                        0,
+                    );
+                    let mut elem = pgrx::PgBox::<pg_sys::InferenceElem>::alloc_node(
+                        pg_sys::NodeTag::T_InferenceElem,
+                    );
+                    elem.expr = region.cast();
+                    (*oc).arbiterElems = pg_sys::lappend((*oc).arbiterElems, elem.into_pg().cast());
+                }
                 let oc = query.onConflict;
-                if !oc.is_null() && (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE {
+                // A row found by its key in another region is updated there: PostgreSQL's
+                // ON CONFLICT DO UPDATE cannot move it between partitions, so auto-rehoming
+                // (to this node's region) leaves it where it is.
+                let rehoming_moves = by_key.is_none() || computed.is_some();
+                if !oc.is_null()
+                    && (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE
+                    && rehoming_moves
+                {
                     (*oc).onConflictSet =
                         on_update(rel, rte, varno, (*oc).onConflictSet, table, has_sublinks);
                 }
@@ -317,6 +351,162 @@ unsafe fn write_region(
             _ => {}
         }
         pg_sys::RelationClose(rel);
+    }
+}
+
+/// The columns (names, in the clause's order) of an INSERT's `ON CONFLICT (…)` target that
+/// leaves out the region column of a REGIONAL BY ROW table, where the table has a unique key
+/// on exactly those columns and the region (every key of such a table leads with its region:
+/// PostgreSQL's partitioning needs it). CockroachDB's keys of such a table are the declared
+/// columns, unique across regions; PostgreSQL would find no arbiter index for them.
+#[allow(unsafe_code)]
+unsafe fn conflict_key_without_region(
+    query: &pg_sys::Query,
+    rte: *mut pg_sys::RangeTblEntry,
+    table: &RbrTable,
+) -> Option<Vec<String>> {
+    use pg_sys::CmdType::CMD_INSERT;
+    // SAFETY: the caller's analysed INSERT: its OnConflictExpr's arbiter elements are
+    // InferenceElems whose `expr` is an analysed expression.
+    unsafe {
+        let oc = query.onConflict;
+        if query.commandType != CMD_INSERT || oc.is_null() || !(*oc).arbiterWhere.is_null() {
+            return None;
+        }
+        let mut attnos = vec![];
+        for elem in ptrs::<pg_sys::InferenceElem>((*oc).arbiterElems) {
+            let expr = (*elem).expr;
+            if !is_a(expr, pg_sys::NodeTag::T_Var) {
+                return None;
+            }
+            let var = &*(expr as *mut pg_sys::Var);
+            if var.varno != query.resultRelation || var.varlevelsup != 0 {
+                return None;
+            }
+            if var.varattno == table.region_attno {
+                return None;
+            }
+            attnos.push(var.varattno);
+        }
+        if attnos.is_empty() {
+            return None;
+        }
+        let mut key: Vec<i16> = attnos.iter().copied().chain([table.region_attno]).collect();
+        key.sort_unstable();
+        key.dedup();
+        let key = format!(
+            "{{{}}}",
+            key.iter().map(i16::to_string).collect::<Vec<_>>().join(",")
+        );
+        let relid = (*rte).relid;
+        let found = crate::regions::spi::read_one(
+            "SELECT 'yes' FROM pg_catalog.pg_index i \
+              WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL \
+                AND i.indexprs IS NULL \
+                AND (SELECT array_agg(k ORDER BY k) \
+                       FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) k) = $2::int2[] \
+              LIMIT 1",
+            vec![relid.into(), key.into()],
+        );
+        found?;
+        let names = crate::regions::spi::read_rows(
+            "SELECT a.attname::text FROM unnest($2::int2[]) WITH ORDINALITY AS u(n, o) \
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = $1 AND a.attnum = u.n \
+              ORDER BY u.o",
+            vec![
+                relid.into(),
+                format!(
+                    "{{{}}}",
+                    attnos
+                        .iter()
+                        .map(i16::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
+                .into(),
+            ],
+        );
+        Some(
+            names
+                .into_iter()
+                .filter_map(|r| r.into_iter().next().flatten())
+                .collect(),
+        )
+    }
+}
+
+/// INSERT … ON CONFLICT by a key without the region: the region column becomes the region of
+/// the row already holding the key, wherever it lives, or else the value it had
+/// (`multiregion.conflict_region`), so the row goes to — and its conflict is decided in — the
+/// partition that holds the key. A defaulted region is what a new row gets; a region the
+/// statement decides (given, or computed by `compute_on_insert`, run first) must be the
+/// existing row's, or the statement is refused: the proposed row cannot be redirected.
+#[allow(unsafe_code)]
+unsafe fn conflict_in_row_region(
+    rel: pg_sys::Relation,
+    rte: *mut pg_sys::RangeTblEntry,
+    varno: i32,
+    list: *mut pg_sys::List,
+    table: &RbrTable,
+    key: &[String],
+    has_sublinks: *mut bool,
+) -> *mut pg_sys::List {
+    use crate::regions::spi::{ident, lit};
+    // SAFETY: the caller's contract: an analysed INSERT's target list and its open target.
+    unsafe {
+        let entries = ptrs::<pg_sys::TargetEntry>(list);
+        let own = entries
+            .iter()
+            .copied()
+            .find(|&t| (*t).resno == table.region_attno);
+        // Decided by the statement: given, or computed from its values (a CHECK constraint
+        // ties a computed region to the row, so the row cannot be redirected to another).
+        let explicit = table.computed.is_some()
+            || own.is_some_and(|t| !is_a((*t).expr.cast(), pg_sys::NodeTag::T_SetToDefault));
+        let region_value = match own {
+            Some(t) => with_defaults(rel, t),
+            None => {
+                let att = attribute(rel, table.region_attno);
+                let mut expr = pg_sys::build_column_default(rel, table.region_attno.into());
+                if expr.is_null() {
+                    expr =
+                        pg_sys::makeNullConst(att.atttypid, att.atttypmod, att.attcollation).cast();
+                }
+                pg_sys::makeTargetEntry(
+                    expr.cast(),
+                    table.region_attno,
+                    std::ptr::null_mut(),
+                    false,
+                )
+            }
+        };
+        let pairs: Vec<String> = key
+            .iter()
+            .map(|c| format!("{}, {}", lit(c), ident(c)))
+            .collect();
+        let sql = format!(
+            "multiregion.conflict_region({}::pg_catalog.oid::pg_catalog.regclass, \
+             pg_catalog.jsonb_build_object({}), {}::pg_catalog.text, {explicit})",
+            (*rte).relid.to_u32(),
+            pairs.join(", "),
+            ident(&table.region_column),
+        );
+        let (expr, _) = cook(rel, &sql, table.region_attno, varno);
+        let others: Vec<_> = entries.into_iter().filter(|&t| Some(t) != own).collect();
+        let mut values: Vec<_> = others.iter().map(|&t| with_defaults(rel, t)).collect();
+        values.push(region_value);
+        let value = substitute(
+            expr,
+            varno,
+            rte,
+            &values,
+            REPLACEVARS_SUBSTITUTE_NULL,
+            0,
+            has_sublinks,
+        );
+        let mut out = others;
+        out.push(new_entry(value, table));
+        list_of(&out)
     }
 }
 

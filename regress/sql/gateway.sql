@@ -215,13 +215,31 @@ UPSERT INTO settings VALUES ('a', '1'), ('b', '2');
 UPSERT INTO settings (k, v) VALUES ('a', '3') RETURNING *;
 UPSERT INTO settings (k) VALUES ('b');
 SELECT * FROM settings ORDER BY k;
--- REGIONAL BY ROW: a conflict is found in the row's own region (its key leads with the region);
--- a row of the same key in another region is a duplicate, not overwritten.
+-- REGIONAL BY ROW: the key is found in whichever region holds the row, and the row is
+-- overwritten there. A new city that would move it to another region (its region is
+-- computed) is refused: PostgreSQL's ON CONFLICT cannot move a row between partitions.
 UPSERT INTO stores (id, city) VALUES (1, 'paris'), (3, 'paris');
 UPSERT INTO stores (id, city) VALUES (1, 'rome');
+SELECT id, city, region FROM stores ORDER BY id;
+UPSERT INTO stores (id, city) VALUES (1, 'paris'), (4, 'lima') RETURNING id, city, region;
 -- A duplicate in its own region names the table's key, as CockroachDB does.
 INSERT INTO stores (id, city) VALUES (1, 'paris');
 SELECT id, city, region FROM stores ORDER BY id;
+DELETE FROM stores WHERE id = 4;
+-- The hidden region: an UPSERT that does not name it updates the row where it lives.
+INSERT INTO accounts (id, owner, crdb_region) VALUES (5, 'eve', 'us-west1');
+UPSERT INTO accounts (id, owner) VALUES (5, 'EVE'), (6, 'fay');
+UPSERT INTO accounts VALUES (5, 'Eve');
+SELECT crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
+-- PostgreSQL's form by the declared key, through either door.
+INSERT INTO accounts VALUES (5, 'not eve') ON CONFLICT (id) DO NOTHING;
+INSERT INTO accounts AS a VALUES (5, 'eve') ON CONFLICT (id) DO UPDATE
+  SET owner = excluded.owner || ' (was ' || a.owner || ')' RETURNING crdb_region, *;
+-- Naming another region for a row that lives elsewhere is refused, never ignored.
+UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-east1', 5, 'moved?');
+UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-west1', 5, 'eve');
+SELECT crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
+DELETE FROM accounts WHERE id >= 5;
 UPSERT INTO nosuch VALUES (1);
 UPSERT INTO settings VALUES ('a', '1') ON CONFLICT DO NOTHING;
 

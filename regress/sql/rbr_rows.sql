@@ -72,6 +72,18 @@ EXECUTE ups('z');
 \echo :SQLSTATE
 DEALLOCATE ups;
 DELETE FROM users WHERE id >= 20;
+-- By the declared key (CockroachDB's ON CONFLICT (id), and its UPSERT): the row is found in
+-- whichever region holds it — here seattle's, leased on node 2, through node 1 — and updated
+-- there. Values whose computed region is another one are refused (ON CONFLICT cannot move it).
+INSERT INTO users AS u VALUES (8, 'seattle', 'fay!'), (31, 'boston', 'new')
+  ON CONFLICT (id) DO UPDATE SET name = excluded.name || ' (was ' || u.name || ')' RETURNING *;
+INSERT INTO users VALUES (8, 'seattle', 'x'), (30, 'seattle', 'new') ON CONFLICT (id) DO NOTHING
+  RETURNING *;
+INSERT INTO users AS u VALUES (8, 'boston', 'fay?') ON CONFLICT (id) DO UPDATE
+  SET name = excluded.name RETURNING *;
+\echo :SQLSTATE
+SELECT tableoid::regclass AS partition, * FROM users WHERE id IN (8, 30, 31) ORDER BY id;
+DELETE FROM users WHERE id IN (30, 31);
 UPDATE users SET name = lower(substr(name, 1, 3)) WHERE id IN (1, 8);
 -- The column itself cannot be written, as in CockroachDB.
 INSERT INTO users VALUES (9, 'boston', 'gus', 'us-west1');

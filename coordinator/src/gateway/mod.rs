@@ -269,18 +269,19 @@ impl Gateway {
             [.., s, t] => (vec![s.clone()], t.clone()),
             [] => return Err("UPSERT names no table".into()),
         };
-        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as(
+        let rows: Vec<(String, bool, bool, bool, bool)> = sqlx::query_as(
             "WITH t AS ( \
                SELECT c.oid FROM pg_catalog.pg_class c \
                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                WHERE c.relname = $1 AND c.relkind IN ('r', 'p') AND n.nspname = ANY ($2) \
                ORDER BY pg_catalog.array_position($2, n.nspname::text) LIMIT 1) \
              SELECT a.attname::text, COALESCE(a.attnum = ANY (i.indkey), false), \
-                    a.attgenerated <> '', \
-                    EXISTS (SELECT FROM multiregion.table_locality l \
-                             WHERE l.relid = t.oid AND l.hidden AND l.region_column = a.attname) \
+                    a.attgenerated <> '' OR COALESCE(l.region_expr_sql IS NOT NULL, false), \
+                    COALESCE(l.hidden, false), l.relid IS NOT NULL \
              FROM t JOIN pg_catalog.pg_attribute a ON a.attrelid = t.oid \
              LEFT JOIN pg_catalog.pg_index i ON i.indrelid = t.oid AND i.indisprimary \
+             LEFT JOIN multiregion.table_locality l ON l.relid = t.oid \
+                   AND l.locality = 'regional_by_row' AND l.region_column = a.attname \
              WHERE a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
         )
         .bind(&name)
@@ -294,12 +295,15 @@ impl Gateway {
         }
         Ok(rows
             .into_iter()
-            .map(|(name, primary_key, generated, hidden)| mr_sql::Column {
-                name,
-                primary_key,
-                generated,
-                hidden,
-            })
+            .map(
+                |(name, primary_key, generated, hidden, region)| mr_sql::Column {
+                    name,
+                    primary_key,
+                    generated,
+                    hidden,
+                    region,
+                },
+            )
             .collect())
     }
 

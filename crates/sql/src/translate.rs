@@ -124,6 +124,9 @@ pub struct Column {
     pub generated: bool,
     /// Left out of `SELECT *` (REGIONAL BY ROW's `crdb_region`).
     pub hidden: bool,
+    /// The region column of a REGIONAL BY ROW table: in PostgreSQL's primary key (the
+    /// partitions need it), not in CockroachDB's, which is unique across regions.
+    pub region: bool,
 }
 
 /// `UPSERT INTO t [AS a] [(cols)] source [RETURNING …]`, split where the `ON CONFLICT` clause
@@ -140,10 +143,18 @@ pub struct Upsert {
 
 impl Upsert {
     /// CockroachDB's UPSERT: insert, or on a primary-key conflict overwrite the columns the
-    /// statement names (every writable column when it names none).
+    /// statement names (every writable column when it names none). A REGIONAL BY ROW table's
+    /// key leaves out its region column: the extension then finds the row in whichever
+    /// region holds it (`multiregion.conflict_region`).
     fn to_insert(&self, table: &[Column]) -> Result<String, String> {
         let name = self.table.0.join(".");
-        let key: Vec<&Column> = table.iter().filter(|c| c.primary_key).collect();
+        let mut key: Vec<&Column> = table
+            .iter()
+            .filter(|c| c.primary_key && !c.region)
+            .collect();
+        if key.is_empty() {
+            key = table.iter().filter(|c| c.primary_key).collect();
+        }
         if key.is_empty() {
             return Err(format!(
                 "UPSERT needs a primary key: table \"{name}\" has none"

@@ -21,6 +21,7 @@ fn col(name: &str, primary_key: bool) -> Column {
         primary_key,
         generated: false,
         hidden: false,
+        region: false,
     }
 }
 
@@ -131,6 +132,24 @@ fn upsert_is_insert_on_conflict_on_the_primary_key() {
         r#"INSERT INTO t (k) SELECT 1 ON CONFLICT ("k") DO UPDATE SET "k" = excluded."k""#
     );
     assert!(text_with("UPSERT INTO t VALUES (1)", &[col("v", false)]).contains("raise_error"));
+    // REGIONAL BY ROW: the region column is in PostgreSQL's key, not in CockroachDB's.
+    let rbr = [
+        col("id", true),
+        col("v", false),
+        Column {
+            hidden: true,
+            region: true,
+            ..col("crdb_region", true)
+        },
+    ];
+    assert_eq!(
+        text_with("UPSERT INTO t (id, v) VALUES (1, 'a')", &rbr),
+        r#"INSERT INTO t (id, v) VALUES (1, 'a') ON CONFLICT ("id") DO UPDATE SET "v" = excluded."v""#
+    );
+    assert_eq!(
+        text_with("UPSERT INTO t (crdb_region, id) VALUES ('r', 1)", &rbr),
+        r#"INSERT INTO t (crdb_region, id) VALUES ('r', 1) ON CONFLICT ("id") DO UPDATE SET "crdb_region" = excluded."crdb_region""#
+    );
     assert!(text("UPSERT t VALUES (1)").contains("42601"));
 }
 
