@@ -235,16 +235,10 @@ BEGIN
       FROM jsonb_each(p_key) e;
     -- The proposed region first, as CockroachDB's locality-optimized search does: usually
     -- this node's, whose partition it leases, so an update of a row of its own region reads
-    -- nothing elsewhere. The regions are literals, so the planner prunes to their partitions
-    -- (and the statement is routed by them); the region leads each partition's key.
-    IF p_proposed IS NOT NULL THEN
-        EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
-                       'WHERE t.%I = %L AND %s LIMIT 1',
-                       v_column, p_table, p_table, v_column, p_proposed, v_match)
-           INTO v_found USING p_key;
-        IF v_found IS NOT NULL THEN
-            RETURN v_found;
-        END IF;
+    -- nothing elsewhere (this node's copy, exact where it is the leaseholder).
+    IF p_proposed IS NOT NULL
+       AND multiregion.key_in_local_partition(p_table, p_proposed, p_key) THEN
+        RETURN p_proposed;
     END IF;
     -- Then the key table that keeps the key unique across regions, if there is one: a new
     -- key — the other common case — is absent from it, and one range answers for every
@@ -266,6 +260,8 @@ BEGIN
     IF v_regions IS NULL THEN
         RETURN p_proposed;
     END IF;
+    -- The regions are literals, so the planner prunes to their partitions (the statement is
+    -- routed by them), and each partition's index, which leads with the region, finds the key.
     EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
                    'WHERE t.%I IN (%s) AND %s LIMIT 1',
                    v_column, p_table, p_table, v_column,
@@ -285,13 +281,16 @@ END
 $fn$;
 
 -- A dropped table takes its locality, its global keys and their key tables with it (on every
--- node: the DROP is replicated, and each node's trigger cleans up its own catalog). A key table
+-- node: the DROP is replicated, and each node's trigger cleans up its own catalog); so does a
+-- dropped unique index or constraint its global key, key table and triggers. A key table
 -- still referenced by another table's foreign key makes the DROP fail, as the referenced
--- table itself would.
+-- table (or key) itself would.
 CREATE FUNCTION multiregion.forget_dropped() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_key_table regclass;
+    v_relid oid;
+    v_constraint name;
 BEGIN
     FOR v_key_table IN
         SELECT g.key_table FROM multiregion.global_key g
@@ -304,6 +303,24 @@ BEGIN
      WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = g.relid AND d.objsubid = 0;
     DELETE FROM multiregion.table_locality l USING pg_catalog.pg_event_trigger_dropped_objects() d
      WHERE d.classid = 'pg_catalog.pg_class'::regclass AND d.objid = l.relid AND d.objsubid = 0;
+    -- An index of a table that stays: its global key, if it kept one (the index and the
+    -- constraint share the key's name; the table's schema is the index's).
+    FOR v_key_table, v_relid, v_constraint IN
+        SELECT g.key_table, g.relid, g.constraint_name FROM multiregion.global_key g
+          JOIN pg_catalog.pg_class c ON c.oid = g.relid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          JOIN pg_catalog.pg_event_trigger_dropped_objects() d
+            ON d.object_type = 'index' AND d.schema_name = n.nspname
+           AND d.object_identity = pg_catalog.format('%I.%I', n.nspname, g.constraint_name)
+    LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'mr_global_key_' || v_constraint,
+                       v_relid::regclass);
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s',
+                       'mr_global_key_truncate_' || v_constraint, v_relid::regclass);
+        EXECUTE format('DROP TABLE IF EXISTS %s', v_key_table);
+        DELETE FROM multiregion.global_key g
+         WHERE g.relid = v_relid AND g.constraint_name = v_constraint;
+    END LOOP;
 END
 $fn$;
 CREATE EVENT TRIGGER multiregion_forget_dropped ON sql_drop

@@ -147,6 +147,10 @@ pub enum MrError {
     NotASequence(String),
     #[error("permission denied for sequence {0}")]
     SequencePermission(String),
+    /// A UNIQUE index added to a REGIONAL BY ROW table over rows whose key repeats across
+    /// regions (PostgreSQL's text for a unique index that cannot be built).
+    #[error("could not create unique index \"{index}\"")]
+    DuplicateKey { index: String, key: String },
     /// Changes to a global key table asked for by a role that may not write its table.
     #[error("permission denied for table {table}")]
     KeyChangesNotPermitted { table: String },
@@ -210,6 +214,7 @@ impl MrError {
             MrError::RegionColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             MrError::RegionColumnNullable { .. } => ERRCODE_INVALID_TABLE_DEFINITION,
             MrError::WriteComputedColumn { .. } => ERRCODE_GENERATED_ALWAYS,
+            MrError::DuplicateKey { .. } => ERRCODE_UNIQUE_VIOLATION,
             MrError::NotReplicable(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::SchemaGap { .. } | MrError::BadChange(_) => ERRCODE_INTERNAL_ERROR,
         }
@@ -322,6 +327,9 @@ impl MrError {
             return;
         }
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), function_name!());
+        if let MrError::DuplicateKey { key, .. } = self {
+            report = report.set_detail(format!("Key {key} is duplicated."));
+        }
         if let Some(hint) = self.full_hint() {
             report = report.set_hint(hint);
         }

@@ -176,6 +176,13 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: as above; a foreign key to a REGIONAL BY ROW table's key without the region
     // references the key table that keeps it unique.
     let pstmt = unsafe { crate::regions::foreign_keys_to_key_tables(pstmt) };
+    // SAFETY: as above; a UNIQUE key added to a REGIONAL BY ROW table gets the region column
+    // in front (PostgreSQL's partitioning needs it) and a key table across regions, after
+    // the rows are checked where the statement was typed.
+    let (pstmt, unique_keys) = unsafe { crate::regions::unique_keys_with_region(pstmt) };
+    if replicate.is_some() {
+        crate::regions::check_added_unique_keys(&unique_keys);
+    }
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
     // given; a COPY FROM's rows for other nodes' ranges are collected around it.
     unsafe {
@@ -207,6 +214,7 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // SAFETY: as above; the statement ran (an ALTER SEQUENCE … RESTART is recorded).
     unsafe { crate::sequences::after_utility(&*pstmt) };
+    crate::regions::create_added_key_tables(unique_keys);
     if let Some(ddl) = replicate {
         crate::regions::replicate_ddl(ddl);
     }

@@ -2136,6 +2136,17 @@ pub fn spi_run(sql: &str, types: &[String], vals: &[Option<String>]) -> u64 {
 /// own key tables from the rows it holds); EXECUTE is revoked from PUBLIC.
 #[pg_extern(schema = "multiregion")]
 fn count_local(sql: &str, key: pgrx::JsonB) -> i64 {
+    let args = vec![pgrx::datum::DatumWithOid::from(key)];
+    read_locally(|| Spi::get_one_with_args::<i64>(sql, &args))
+        .unwrap_or_else(|e| {
+            MrError::Sidecar(format!("count_local: {e}")).raise();
+        })
+        .unwrap_or(0)
+}
+
+/// Runs `f`, whose statements read this node's copy as it is: not routed to leaseholders,
+/// without a read barrier. Only for reads whose caller knows the copy is the one to read.
+pub(crate) fn read_locally<R>(f: impl FnOnce() -> R) -> R {
     struct Local;
     impl Drop for Local {
         fn drop(&mut self) {
@@ -2144,12 +2155,55 @@ fn count_local(sql: &str, key: pgrx::JsonB) -> i64 {
     }
     LOCAL_READS.with(|l| l.set(l.get() + 1));
     let _local = Local;
-    let args = vec![pgrx::datum::DatumWithOid::from(key)];
-    Spi::get_one_with_args::<i64>(sql, &args)
-        .unwrap_or_else(|e| {
-            MrError::Sidecar(format!("count_local: {e}")).raise();
-        })
-        .unwrap_or(0)
+    f()
+}
+
+/// Whether this node's copy of REGIONAL BY ROW table `table`'s partition for `region` holds a
+/// row with `key` (column → value), read as the copy is: not routed, no read barrier. Exact
+/// where this node leases the partition (it wrote every row there); elsewhere a hint. For
+/// `multiregion.conflict_region`'s first look, in the row's own region: an upsert of a row of
+/// this node's region then reads nothing elsewhere. Only this SELECT runs, as the caller.
+#[pg_extern(schema = "multiregion")]
+fn key_in_local_partition(table: pg_sys::Oid, region: &str, key: pgrx::JsonB) -> bool {
+    use crate::regions::spi::ident;
+    let Some(column) = crate::regions::spi::read_one(
+        "SELECT region_column::text FROM multiregion.table_locality \
+          WHERE relid = $1 AND locality = 'regional_by_row'",
+        vec![table.into()],
+    ) else {
+        return false;
+    };
+    let Some(columns) = key
+        .0
+        .as_object()
+        .map(|o| o.keys().cloned().collect::<Vec<_>>())
+    else {
+        return false;
+    };
+    if columns.is_empty() {
+        return false;
+    }
+    let qualified =
+        crate::regions::spi::read_one("SELECT $1::oid::regclass::text", vec![table.into()])
+            .unwrap_or_default();
+    let matches: Vec<String> = columns
+        .iter()
+        .map(|c| format!("t.{c} = k.{c}", c = ident(c)))
+        .collect();
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {qualified} t, \
+                pg_catalog.jsonb_populate_record(NULL::{qualified}, $1) k \
+          WHERE t.{} = $2 AND {})",
+        ident(&column),
+        matches.join(" AND ")
+    );
+    let args = vec![
+        pgrx::datum::DatumWithOid::from(key),
+        pgrx::datum::DatumWithOid::from(region),
+    ];
+    read_locally(|| Spi::get_one_with_args::<bool>(&sql, &args))
+        .unwrap_or_else(|e| MrError::Sidecar(format!("key_in_local_partition: {e}")).raise())
+        .unwrap_or(false)
 }
 
 extension_sql!(

@@ -240,6 +240,14 @@ UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-east1', 5, 'moved?');
 UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-west1', 5, 'eve');
 SELECT crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
 DELETE FROM accounts WHERE id >= 5;
+-- A UNIQUE index added later is unique across regions, and printed as declared.
+CREATE UNIQUE INDEX ON accounts (owner);
+INSERT INTO accounts (id, owner, crdb_region) VALUES (7, 'ada', 'us-west1');
+SHOW CREATE TABLE accounts;
+SELECT index_name, column_name, implicit FROM [SHOW INDEX FROM accounts] ORDER BY 1, 2;
+DROP INDEX accounts_owner_key;
+INSERT INTO accounts (id, owner, crdb_region) VALUES (7, 'ada', 'us-west1');
+DELETE FROM accounts WHERE id = 7;
 UPSERT INTO nosuch VALUES (1);
 UPSERT INTO settings VALUES ('a', '1') ON CONFLICT DO NOTHING;
 

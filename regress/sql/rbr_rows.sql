@@ -130,6 +130,29 @@ SELECT id, hits, crdb_region FROM sessions ORDER BY id;
 UPDATE accounts SET owner = 'BOB' WHERE id = 2;
 SELECT id, crdb_region FROM accounts WHERE id = 2;
 
+-- A UNIQUE index or constraint added later is unique across regions on its own columns: the
+-- rows are checked first (at the leaseholders' copies), then a key table keeps the key; its
+-- range starts on every node from the keys of each partition, read at its leaseholder.
+SELECT multiregion.execute('CREATE TABLE members (id int PRIMARY KEY, email text, nick text) LOCALITY REGIONAL BY ROW');
+INSERT INTO members VALUES (1, 'a@x', 'a', 'us-east1'), (2, 'b@x', 'b', 'us-west1'),
+  (3, 'a@x', 'c', 'us-west1'), (4, NULL, NULL, 'us-east1'), (5, NULL, NULL, 'us-west1');
+CREATE UNIQUE INDEX members_email ON members (email);
+UPDATE members SET email = 'c@x' WHERE id = 3;
+CREATE UNIQUE INDEX members_email ON members (email);
+ALTER TABLE members ADD UNIQUE (nick);
+INSERT INTO members VALUES (6, 'a@x', 'z', 'us-west1');
+INSERT INTO members VALUES (7, 'd@x', 'b', 'us-east1');
+INSERT INTO members VALUES (8, NULL, NULL, 'us-west1'), (9, 'd@x', 'd', 'us-west1');
+UPDATE members SET email = 'b@x' WHERE id = 9;
+DELETE FROM members WHERE id = 1;
+INSERT INTO members VALUES (10, 'a@x', 'a', 'us-west1');
+INSERT INTO members (id, email, nick) VALUES (11, 'a@x', 'k') ON CONFLICT (email) DO UPDATE
+  SET nick = excluded.nick RETURNING id, email, nick, crdb_region;
+SELECT id, email, nick, crdb_region FROM members ORDER BY id;
+SELECT indexname FROM pg_indexes WHERE tablename = 'members' ORDER BY 1;
+SELECT constraint_name, key_table, columns FROM multiregion.global_key
+ WHERE relid = 'members'::regclass ORDER BY 1;
+
 -- Plain DDL typed here reached every node; the other node sees the same tables and regions.
 CREATE INDEX users_name ON users (name);
 CREATE INDEX CONCURRENTLY users_city ON users (city);
@@ -140,3 +163,12 @@ SELECT schema_name, table_name, locality FROM multiregion.tables;
 SELECT schemaname, indexname FROM pg_indexes WHERE tablename = 'users' ORDER BY 1, 2;
 SELECT * FROM multiregion.regions;
 SELECT count(*) FROM pg_views WHERE viewname = 'account_names';
+-- The keys added later, on this node: the same as on node 1.
+SELECT email FROM multiregion_keys.members_members_email ORDER BY 1;
+SELECT nick FROM multiregion_keys.members_members_nick_key ORDER BY 1;
+INSERT INTO members VALUES (12, 'c@x', 'x', 'us-west1');
+-- Dropping the key drops its key table: the value may repeat again.
+ALTER TABLE members DROP CONSTRAINT members_nick_key;
+INSERT INTO members VALUES (13, 'e@x', 'k', 'us-east1');
+SELECT constraint_name FROM multiregion.global_key WHERE relid = 'members'::regclass ORDER BY 1;
+SELECT pg_catalog.to_regclass('multiregion_keys.members_members_nick_key') AS dropped;

@@ -91,13 +91,21 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
                             Some(_) => whole(table),
                             None => state.key_seed(table).and_then(whole),
                         };
+                        let partitions = |t: &TableRef| -> Vec<u64> {
+                            state
+                                .ranges()
+                                .filter(|r| &r.table == t && r.partition.is_some())
+                                .map(|r| r.range_id)
+                                .collect()
+                        };
                         let merge = match partition {
                             Some(_) => vec![],
-                            None => state
-                                .ranges()
-                                .filter(|r| &r.table == table && r.partition.is_some())
-                                .map(|r| r.range_id)
-                                .collect(),
+                            // A key table added to a REGIONAL BY ROW table: from the keys
+                            // of each of its partitions, read at their leaseholders.
+                            None if seed.is_none() && partitions(table).is_empty() => {
+                                state.key_seed(table).map(&partitions).unwrap_or_default()
+                            }
+                            None => partitions(table),
                         };
                         changes.push(RangeChange::Create {
                             table: table.clone(),
@@ -176,5 +184,131 @@ impl Meta {
             self.propose(command, Duration::from_secs(5)).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mr_meta::{
+        ClientId, DatabaseConfig, Outcome, Placement, Proposal, SurvivalGoal, TableLocality,
+    };
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn apply(s: &mut MetaState, seq: u64, command: Command) -> Outcome {
+        s.apply(&Proposal {
+            client: ClientId {
+                node_id: 1,
+                incarnation: 1,
+            },
+            seq,
+            command,
+        })
+    }
+
+    fn table(name: &str) -> TableRef {
+        TableRef {
+            database: "movr".into(),
+            schema: "public".into(),
+            table: name.into(),
+        }
+    }
+
+    /// A key table added to a table that is REGIONAL BY ROW already starts from the keys of
+    /// each of its partitions: the plan names their ranges, not a seed of the whole table.
+    #[test]
+    fn a_key_table_added_later_is_seeded_from_every_partition() {
+        let mut s = MetaState::bootstrap("127.0.0.1:1", "127.0.0.1:2", "region=us-east1", T0);
+        for (i, locality) in ["region=us-west1", "region=europe-west1"]
+            .iter()
+            .enumerate()
+        {
+            apply(
+                &mut s,
+                1 + i as u64,
+                Command::AddNode {
+                    rpc_addr: format!("127.0.0.1:{}", 10 + i),
+                    sql_addr: format!("127.0.0.1:{}", 20 + i),
+                    locality: locality.to_string(),
+                    at_ms: T0,
+                },
+            );
+        }
+        let config = DatabaseConfig {
+            database: "movr".into(),
+            primary_region: "us-east1".into(),
+            regions: ["us-east1", "us-west1", "europe-west1"]
+                .map(String::from)
+                .into(),
+            survival: SurvivalGoal::Zone,
+            placement: Placement::Default,
+            secondary_region: None,
+        };
+        let users = table("users");
+        let change = |version: u64, tables: Vec<TableRef>, seeds| Command::SchemaChange {
+            database: "movr".into(),
+            expected_version: version,
+            change: "c".into(),
+            config: Some(config.clone()),
+            localities: vec![(
+                users.clone(),
+                Some(TableLocality::RegionalByRow {
+                    column: "crdb_region".into(),
+                }),
+            )],
+            at_ms: T0 + version,
+            tables: Some(tables),
+            fenced: vec![],
+            key_seeds: seeds,
+            sequences: vec![],
+            zones: vec![],
+        };
+        apply(&mut s, 3, change(0, vec![users.clone()], vec![]));
+        for change in plan(&s, T0 + 10) {
+            if let RangeChange::Create {
+                table,
+                partition,
+                replicas,
+                seed,
+                merge,
+            } = change
+            {
+                let seq = 4 + s.ranges().count() as u64;
+                apply(
+                    &mut s,
+                    seq,
+                    Command::CreateRange {
+                        table,
+                        partition,
+                        replicas,
+                        seed,
+                        merge,
+                    },
+                );
+            }
+        }
+        let partitions: BTreeSet<u64> = s.ranges().map(|r| r.range_id).collect();
+        assert_eq!(partitions.len(), 3, "one range per region");
+        let keys = table("users_members_email");
+        apply(
+            &mut s,
+            20,
+            change(
+                1,
+                vec![users.clone(), keys.clone()],
+                vec![(keys.clone(), users.clone())],
+            ),
+        );
+        let created: Vec<_> = plan(&s, T0 + 20)
+            .into_iter()
+            .filter_map(|c| match c {
+                RangeChange::Create {
+                    table, seed, merge, ..
+                } if table == keys => Some((seed, merge.into_iter().collect::<BTreeSet<_>>())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(created, vec![(None, partitions)]);
     }
 }

@@ -447,6 +447,58 @@ impl Source {
         Ok((out, if more { last } else { None }))
     }
 
+    /// One chunk of the keys of `key_table` (a key table's columns) that the rows of this
+    /// source's (table, partition) hold here, one `to_jsonb` text of the key table's row type
+    /// per line, in physical order from after tuple `after`, keys with a NULL part left out;
+    /// and where the next chunk starts. What a key table added to a REGIONAL BY ROW table
+    /// starts from: each partition's keys, read at its leaseholder once it applied the change
+    /// (a key is unique within a partition, whose index leads with the region; across them the
+    /// change was checked before it committed).
+    pub async fn key_chunk(
+        &self,
+        key_table: &TableRef,
+        after: Option<&str>,
+    ) -> Result<(String, Option<String>), Error> {
+        let mut c = self.connect().await?;
+        let r = async {
+            let relation = self.relation(&mut c).await?;
+            let keys: String = sqlx::query_scalar(
+                "SELECT pg_catalog.format('%I.%I', $1::text, $2::text)::regclass::text",
+            )
+            .bind(&key_table.schema)
+            .bind(&key_table.table)
+            .fetch_one(&mut c)
+            .await?;
+            // Both names are regclass texts: already quoted.
+            let rows: Vec<(String, String)> = sqlx::query_as(&format!(
+                "SELECT t.ctid::text, pg_catalog.to_jsonb(k)::text FROM {relation} t, \
+                        LATERAL pg_catalog.jsonb_populate_record(NULL::{keys}, pg_catalog.to_jsonb(t)) k \
+                 WHERE t.ctid > $1::tid AND k IS NOT NULL ORDER BY t.ctid LIMIT $2",
+            ))
+            .bind(after.unwrap_or("(0,0)"))
+            .bind(seed_fetch(seed_chunk_bytes()) as i64)
+            .fetch_all(&mut c)
+            .await?;
+            Ok::<_, sqlx::Error>(rows)
+        }
+        .await;
+        let _ = c.close().await;
+        let rows = r.map_err(|e| {
+            format!(
+                "reading the keys of {}.{} for {}.{}: {e}",
+                self.table.schema, self.table.table, key_table.schema, key_table.table
+            )
+        })?;
+        let more = rows.len() == seed_fetch(seed_chunk_bytes());
+        let last = rows.last().map(|(ctid, _)| ctid.clone());
+        let mut out = String::new();
+        for (_, row) in rows {
+            out.push_str(&row);
+            out.push('\n');
+        }
+        Ok((out, if more { last } else { None }))
+    }
+
     /// Replaces this node's rows of new range `range_id` by `rows` (from [`Source::rows`] on
     /// the node that held them), its cursor at 0: what the range's bootstrapper does before it
     /// initializes the group, whose first snapshot then carries them to every other replica.
@@ -707,6 +759,14 @@ impl super::Ranges {
         at: SeedAt,
     ) -> Result<(String, Option<String>), Error> {
         let src = self.seed_ready(from, schema, table, partition, &at).await?;
+        // A key table's range seeded from the partitions of the table whose keys it keeps.
+        let from_table = self.group(from).map(|g| g.table.clone());
+        if let Some(base) = from_table.filter(|t| t.schema != schema || t.table != table) {
+            return self
+                .source(base, partition.map(str::to_string))
+                .key_chunk(&src.table, at.after.as_deref())
+                .await;
+        }
         if at.merge {
             let region = partition.ok_or("a merge's rows are asked for by partition")?;
             src.merge_chunk(region, at.after.as_deref()).await

@@ -45,7 +45,7 @@ pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt) {
 }
 
 /// The relations a statement reshapes: `ALTER TABLE` (any form), renames of a table or its
-/// parts, `DROP TABLE`. Missing ones are left to the statement's own error.
+/// parts, `DROP TABLE`, `CREATE UNIQUE INDEX`. Missing ones are left to the statement's own error.
 ///
 /// # Safety
 /// `pstmt` is a valid PlannedStmt.
@@ -62,6 +62,11 @@ unsafe fn reshaped_relations(pstmt: &pg_sys::PlannedStmt) -> Vec<pg_sys::Oid> {
         let vars: Vec<*mut pg_sys::RangeVar> = match (*node).type_ {
             T_AlterTableStmt => vec![(*(node as *mut pg_sys::AlterTableStmt)).relation],
             T_RenameStmt => vec![(*(node as *mut pg_sys::RenameStmt)).relation],
+            // A unique index is checked against every row first (a REGIONAL BY ROW table's
+            // key across regions: `super::unique`), so no row may arrive meanwhile.
+            T_IndexStmt if (*(node as *mut pg_sys::IndexStmt)).unique => {
+                vec![(*(node as *mut pg_sys::IndexStmt)).relation]
+            }
             T_DropStmt => {
                 let drop = &*(node as *mut pg_sys::DropStmt);
                 if drop.removeType != pg_sys::ObjectType::OBJECT_TABLE {

@@ -19,6 +19,7 @@ mod replicate;
 mod show;
 mod show_create;
 pub(crate) mod spi;
+mod unique;
 mod zone;
 
 use crate::error::{MrError, OrRaise};
@@ -37,6 +38,10 @@ pub(crate) use guard::refuse_region_type_change;
 pub(crate) use replicate::{
     database_ddl, database_ddl_done, foreign_keys_to_key_tables, replicate_ddl, replicated_ddl,
     trusting_foreign_keys,
+};
+pub(crate) use unique::{
+    check_keys as check_added_unique_keys, create_key_tables as create_added_key_tables,
+    with_region as unique_keys_with_region,
 };
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);

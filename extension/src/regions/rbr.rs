@@ -742,14 +742,48 @@ pub fn convert_to_rbr(relid: Oid, column: &str, config: &DatabaseConfig) -> Resu
 /// Creates and fills the key table that keeps `cols` unique across the partitions of `relid`,
 /// with the trigger that maintains it; returns its qualified name.
 fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]) -> String {
-    let mut name = shape.name.clone();
-    if cols.len() != 1
-        || !shape
+    let primary = cols.len() == 1
+        && shape
             .indexes
             .iter()
-            .any(|i| i.primary && i.columns.as_deref() == Some(cols))
-    {
-        name = format!("{}_{constraint}", shape.name);
+            .any(|i| i.primary && i.columns.as_deref() == Some(cols));
+    key_table(
+        relid,
+        &shape.qualified,
+        &shape.name,
+        primary,
+        constraint,
+        cols,
+    )
+}
+
+/// Creates and fills the key table of a UNIQUE index or constraint added to REGIONAL BY ROW
+/// table `relid` after it became one (`super::unique`); returns its qualified name.
+pub(super) fn add_key_table(relid: Oid, constraint: &str, cols: &[String]) -> String {
+    let (_, name) = schema_and_name(relid);
+    key_table(
+        relid,
+        &super::relname(relid),
+        &name,
+        false,
+        constraint,
+        cols,
+    )
+}
+
+/// The key table of `cols` of `qualified` (named `name`): named after the table alone for a
+/// single-column primary key, else after the table and the constraint.
+fn key_table(
+    relid: Oid,
+    qualified: &str,
+    table_name: &str,
+    primary: bool,
+    constraint: &str,
+    cols: &[String],
+) -> String {
+    let mut name = table_name.to_string();
+    if !primary {
+        name = format!("{table_name}_{constraint}");
     }
     let base = name.clone();
     let mut n = 1;
@@ -796,7 +830,7 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
         "COMMENT ON TABLE {key_table} IS {}",
         lit(&format!(
             "pg_multiregion: keeps ({keys}) of {} unique across regions",
-            shape.qualified
+            qualified
         ))
     ));
     run(&format!(
@@ -808,7 +842,7 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
         .collect();
     run(&format!(
         "INSERT INTO {key_table} SELECT DISTINCT {keys} FROM {} WHERE {}",
-        shape.qualified,
+        qualified,
         not_null.join(" AND ")
     ));
     run_with(
@@ -825,7 +859,7 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
         "CREATE TRIGGER {} AFTER INSERT OR DELETE OR UPDATE OF {keys} ON {} FOR EACH ROW \
          EXECUTE FUNCTION multiregion.maintain_global_key({}, {})",
         ident(&format!("mr_global_key_{constraint}")),
-        shape.qualified,
+        qualified,
         lit(&key_table),
         lit(constraint)
     ));
@@ -834,14 +868,14 @@ fn create_key_table(relid: Oid, shape: &Shape, constraint: &str, cols: &[String]
     // keeps each node's key table with its rows.
     run(&format!(
         "ALTER TABLE {} ENABLE ALWAYS TRIGGER {}",
-        shape.qualified,
+        qualified,
         ident(&format!("mr_global_key_{constraint}"))
     ));
     run(&format!(
         "CREATE TRIGGER {} AFTER TRUNCATE ON {} FOR EACH STATEMENT \
          EXECUTE FUNCTION multiregion.truncate_global_key({}, {})",
         ident(&format!("mr_global_key_truncate_{constraint}")),
-        shape.qualified,
+        qualified,
         lit(&key_table),
         lit(constraint)
     ));

@@ -202,7 +202,7 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
             })
         })
         .collect();
-    let key_seeds = key_seeds(&database, &localities);
+    let key_seeds = key_seeds(&database);
     let sequences = crate::sequences::at_commit(&database);
     let (fenced, notify) = super::fence::take();
     let new = sidecar::propose_schema_change(mr_wire::local::LocalRequest::ProposeSchemaChange {
@@ -222,41 +222,34 @@ pub fn propose_pending() -> Result<Option<(String, u64)>, MrError> {
     Ok(Some((database, new)))
 }
 
-/// The key tables of every table this change makes REGIONAL BY ROW, each with that table.
+/// Every key table of the database, each with the REGIONAL BY ROW table whose key it keeps.
 /// Each node fills a new key table from its own copy of the table's rows, which only the
-/// table's leaseholder is sure to hold whole; the meta group uses these links to start the
-/// key table's range from that node's copy, as it does the table's partitions (a link to a
-/// table that was partitioned already is never used: no range of the whole table is left).
-fn key_seeds(
-    database: &str,
-    localities: &[(TableRef, Option<TableLocality>)],
-) -> Vec<(TableRef, TableRef)> {
-    let mut out = Vec::new();
-    for (t, l) in localities {
-        if !matches!(l, Some(TableLocality::RegionalByRow { .. })) {
-            continue;
-        }
-        let rows = spi::read_rows(
-            "SELECT n.nspname::text, c.relname::text FROM multiregion.global_key g \
-             JOIN pg_catalog.pg_class c ON c.oid = g.key_table \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE g.relid = pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1::text, $2::text)) \
-             ORDER BY 1, 2",
-            vec![t.schema.as_str().into(), t.table.as_str().into()],
-        );
-        for r in rows {
-            let (Some(Some(schema)), Some(Some(table))) = (r.first(), r.get(1)) else {
-                continue;
-            };
-            let key = TableRef {
-                database: database.to_string(),
-                schema: schema.clone(),
-                table: table.clone(),
-            };
-            out.push((key, t.clone()));
-        }
-    }
-    out
+/// leaseholders are sure to hold whole; the meta group uses these links to start a new key
+/// table's range from them: from the range of a table this change makes REGIONAL BY ROW, as
+/// it does the table's partitions, or from the keys of each partition of a table that is
+/// one already (a key added later). A link whose key table has its range is not used again.
+fn key_seeds(database: &str) -> Vec<(TableRef, TableRef)> {
+    spi::read_rows(
+        "SELECT kn.nspname::text, k.relname::text, tn.nspname::text, t.relname::text \
+         FROM multiregion.global_key g \
+         JOIN pg_catalog.pg_class k ON k.oid = g.key_table \
+         JOIN pg_catalog.pg_namespace kn ON kn.oid = k.relnamespace \
+         JOIN pg_catalog.pg_class t ON t.oid = g.relid \
+         JOIN pg_catalog.pg_namespace tn ON tn.oid = t.relnamespace \
+         ORDER BY 1, 2",
+        vec![],
+    )
+    .into_iter()
+    .filter_map(|r| {
+        let get = |i: usize| r.get(i).cloned().flatten();
+        let table = |schema: String, table: String| TableRef {
+            database: database.to_string(),
+            schema,
+            table,
+        };
+        Some((table(get(0)?, get(1)?), table(get(2)?, get(3)?)))
+    })
+    .collect()
 }
 
 /// After the proposal: waits for every other live node to apply the change. It is committed:

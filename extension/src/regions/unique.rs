@@ -1,0 +1,317 @@
+//! UNIQUE indexes and constraints added to a REGIONAL BY ROW table after it became one
+//! (`CREATE UNIQUE INDEX … ON t (email)`, `ALTER TABLE t ADD [CONSTRAINT c] UNIQUE (email)`):
+//! unique across regions on their own columns, as CockroachDB's are.
+//!
+//! PostgreSQL requires the partition key in every unique index of a partitioned table, so the
+//! statement gets the region column in front of its columns (each partition's index is then
+//! unique within its region, and the declared columns are what SHOW CREATE and SHOW INDEXES
+//! print, as for the keys a conversion prefixed). Across regions a key table keeps the
+//! columns unique, as a conversion makes one (`rbr.rs`). Where the statement is typed, the
+//! rows are first checked for a key that repeats across regions — read as any statement
+//! reads them: after the statement's fence (`fence.rs`) stopped writers at the leaseholders,
+//! through this node's replicas or at the leaseholders — and the key table's range starts
+//! from the keys of each partition, read at that partition's leaseholder once it applied the
+//! change (pgmr's `key_chunk`), so every replica holds the same keys.
+
+use super::{catalog, rbr, spi};
+use crate::error::MrError;
+use pgrx::pg_sys;
+use std::ffi::CString;
+
+/// A unique key without the region column, added by the statement about to run.
+pub(crate) struct AddedKey {
+    relid: pg_sys::Oid,
+    /// The index's (and constraint's) name: the statement's, or CockroachDB's
+    /// `<table>_<columns>_key` (PostgreSQL's would name the region column too).
+    name: String,
+    columns: Vec<String>,
+    region_column: String,
+}
+
+/// The statement with the region column put in front of each UNIQUE key it adds to a
+/// REGIONAL BY ROW table without naming the region, and those keys. Other statements (and
+/// partial, expression or NULLS NOT DISTINCT keys, which PostgreSQL then refuses) unchanged.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn with_region(
+    pstmt: *mut pg_sys::PlannedStmt,
+) -> (*mut pg_sys::PlannedStmt, Vec<AddedKey>) {
+    // SAFETY: the caller's contract.
+    if unsafe { keys_of(pstmt) }.is_empty() {
+        return (pstmt, Vec::new());
+    }
+    // SAFETY: the copy is ours to change (the statement may be a cached plan's read-only
+    // tree); its keys come in the same order as the original's.
+    unsafe {
+        let changed = pg_sys::copyObjectImpl(pstmt.cast()) as *mut pg_sys::PlannedStmt;
+        let keys = keys_of(changed);
+        let mut added = Vec::with_capacity(keys.len());
+        for (key, info) in keys {
+            let region = CString::new(info.region_column.as_str()).unwrap_or_default();
+            let region = pg_sys::pstrdup(region.as_ptr());
+            let name = CString::new(info.name.as_str()).unwrap_or_default();
+            let name = pg_sys::pstrdup(name.as_ptr());
+            match key {
+                Key::Index(stmt) => {
+                    (*stmt).idxname = name;
+                    let mut elem =
+                        pgrx::PgBox::<pg_sys::IndexElem>::alloc_node(pg_sys::NodeTag::T_IndexElem);
+                    elem.name = region;
+                    elem.ordering = pg_sys::SortByDir::SORTBY_DEFAULT;
+                    elem.nulls_ordering = pg_sys::SortByNulls::SORTBY_NULLS_DEFAULT;
+                    (*stmt).indexParams = pg_sys::lcons(elem.into_pg().cast(), (*stmt).indexParams);
+                }
+                Key::Constraint(c) => {
+                    (*c).conname = name;
+                    (*c).keys = pg_sys::lcons(pg_sys::makeString(region).cast(), (*c).keys);
+                }
+            }
+            added.push(info);
+        }
+        (changed, added)
+    }
+}
+
+enum Key {
+    Index(*mut pg_sys::IndexStmt),
+    Constraint(*mut pg_sys::Constraint),
+}
+
+/// The UNIQUE keys without the region column that `pstmt` adds to REGIONAL BY ROW tables.
+#[allow(unsafe_code)]
+unsafe fn keys_of(pstmt: *mut pg_sys::PlannedStmt) -> Vec<(Key, AddedKey)> {
+    use pg_sys::NodeTag::*;
+    // SAFETY: each cast follows the node's own tag; lists hold the node types PostgreSQL's
+    // grammar puts there (IndexElem, AlterTableCmd, Constraint, String).
+    unsafe {
+        let node = (*pstmt).utilityStmt;
+        if node.is_null() {
+            return Vec::new();
+        }
+        let rbr = |rv: *mut pg_sys::RangeVar| {
+            let relid = catalog::relid_of(rv)?;
+            Some((relid, crate::rewrite::lookup(relid)?))
+        };
+        let str_of = |p: *mut std::ffi::c_char| {
+            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        };
+        let mut out = Vec::new();
+        match (*node).type_ {
+            T_IndexStmt => {
+                let stmt = node as *mut pg_sys::IndexStmt;
+                let s = &*stmt;
+                if !s.unique || s.primary || !s.whereClause.is_null() || s.nulls_not_distinct {
+                    return out;
+                }
+                let Some((relid, table)) = rbr(s.relation) else {
+                    return out;
+                };
+                let mut columns = Vec::new();
+                for elem in super::replicate::list_ptrs(s.indexParams) {
+                    let elem = elem as *mut pg_sys::IndexElem;
+                    match str_of((*elem).name) {
+                        Some(c) if (*elem).expr.is_null() => columns.push(c),
+                        _ => return out,
+                    }
+                }
+                if columns.is_empty() || columns.contains(&table.region_column) {
+                    return out;
+                }
+                let name = str_of(s.idxname).unwrap_or_else(|| default_name(relid, &columns));
+                out.push((
+                    Key::Index(stmt),
+                    AddedKey {
+                        relid,
+                        name,
+                        columns,
+                        region_column: table.region_column.clone(),
+                    },
+                ));
+            }
+            T_AlterTableStmt => {
+                let stmt = &*(node as *mut pg_sys::AlterTableStmt);
+                let Some((relid, table)) = rbr(stmt.relation) else {
+                    return out;
+                };
+                for cmd in super::replicate::list_ptrs(stmt.cmds) {
+                    let cmd = &*(cmd as *mut pg_sys::AlterTableCmd);
+                    if cmd.subtype != pg_sys::AlterTableType::AT_AddConstraint
+                        || cmd.def.is_null()
+                        || (*cmd.def).type_ != T_Constraint
+                    {
+                        continue;
+                    }
+                    let c = cmd.def as *mut pg_sys::Constraint;
+                    if (*c).contype != pg_sys::ConstrType::CONSTR_UNIQUE
+                        || !(*c).indexname.is_null()
+                        || (*c).nulls_not_distinct
+                    {
+                        continue;
+                    }
+                    let columns: Vec<String> = super::replicate::list_ptrs((*c).keys)
+                        .filter_map(|n| str_of((*(n as *mut pg_sys::String)).sval))
+                        .collect();
+                    if columns.is_empty() || columns.contains(&table.region_column) {
+                        continue;
+                    }
+                    let name =
+                        str_of((*c).conname).unwrap_or_else(|| default_name(relid, &columns));
+                    out.push((
+                        Key::Constraint(c),
+                        AddedKey {
+                            relid,
+                            name,
+                            columns,
+                            region_column: table.region_column.clone(),
+                        },
+                    ));
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+/// Before the statement runs, where it was typed: a key held by rows of two regions refuses
+/// it, with PostgreSQL's error for a unique index that cannot be built.
+pub(crate) fn check_keys(keys: &[AddedKey]) {
+    for key in keys {
+        if let Err(e) = check_unique(key) {
+            e.raise();
+        }
+    }
+}
+
+/// After the statement ran: each added key's key table, filled from this node's rows for
+/// now: its range starts from the partitions' leaseholders (replication on), or this node
+/// keeps its own (off).
+pub(crate) fn create_key_tables(keys: Vec<AddedKey>) {
+    for key in keys {
+        if !index_exists(&key) {
+            continue; // IF NOT EXISTS found one
+        }
+        crate::replication::without_capture(|| {
+            spi::as_extension_owner(|| rbr::add_key_table(key.relid, &key.name, &key.columns))
+        });
+    }
+}
+
+/// CockroachDB's name for an unnamed unique key, `<table>_<columns>_key`, numbered as
+/// PostgreSQL numbers a name already taken in the table's schema.
+fn default_name(relid: pg_sys::Oid, columns: &[String]) -> String {
+    let (schema, table) = names(relid);
+    let base = format!("{table}_{}_key", columns.join("_"));
+    let taken = |name: &str| {
+        spi::read_one(
+            "SELECT 'taken' FROM pg_catalog.pg_class c \
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = $2",
+            vec![schema.as_str().into(), name.into()],
+        )
+        .is_some()
+    };
+    let mut name = base.clone();
+    let mut n = 0;
+    while taken(&name) {
+        n += 1;
+        name = format!("{base}{n}");
+    }
+    name
+}
+
+/// Whether the statement left a unique index of that name on the table.
+fn index_exists(key: &AddedKey) -> bool {
+    spi::read_one(
+        "SELECT 'yes' FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid \
+          WHERE i.indrelid = $1 AND i.indisunique AND c.relname = $2 \
+            AND NOT EXISTS (SELECT FROM multiregion.global_key g \
+                             WHERE g.relid = i.indrelid AND g.constraint_name = c.relname)",
+        vec![key.relid.into(), key.name.as_str().into()],
+    )
+    .is_some()
+}
+
+/// Whether `key`'s columns are unique across the table's rows (keys with a NULL part aside),
+/// read in this node's copy of every partition: after the statement's fence (`fence.rs`)
+/// stopped writers at the leaseholders and this node applied what they wrote before, that
+/// copy is whole — where this node holds a replica of each partition, which is asked first
+/// (a read here would otherwise go to the leaseholders, and one of them already holds this
+/// transaction's lock: a read over several of them cannot be served).
+fn check_unique(key: &AddedKey) -> Result<(), MrError> {
+    let (schema, table) = names(key.relid);
+    let database = catalog::database_name();
+    let route = crate::sidecar::route(
+        database.clone(),
+        vec![(
+            mr_meta::TableRef {
+                database,
+                schema,
+                table,
+            },
+            None,
+        )],
+        false,
+        false,
+        false,
+        vec![],
+    )?;
+    if route.enabled && (route.forward_to.is_some() || !route.split.is_empty()) {
+        return Err(MrError::WriteNotServed {
+            message: format!(
+                "cannot check the rows of {} for keys repeated across regions on this node: it holds no replica of every partition",
+                super::relname(key.relid)
+            ),
+            hint: "Run the statement on a node that holds a replica of each of the table's ranges (multiregion.ranges), or declare the key before the table is made REGIONAL BY ROW.".into(),
+        });
+    }
+    crate::routing::read_locally(|| duplicate(key))
+}
+
+fn names(relid: pg_sys::Oid) -> (String, String) {
+    let row = spi::read_rows(
+        "SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c \
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        vec![relid.into()],
+    );
+    let get = |i: usize| {
+        row.first()
+            .and_then(|r| r.get(i).cloned().flatten())
+            .unwrap_or_default()
+    };
+    (get(0), get(1))
+}
+
+fn duplicate(key: &AddedKey) -> Result<(), MrError> {
+    let cols: Vec<String> = key.columns.iter().map(|c| spi::ident(c)).collect();
+    let cols = cols.join(", ");
+    let not_null: Vec<String> = key
+        .columns
+        .iter()
+        .map(|c| format!("{} IS NOT NULL", spi::ident(c)))
+        .collect();
+    let values: Vec<String> = key
+        .columns
+        .iter()
+        .map(|c| format!("{}::text", spi::ident(c)))
+        .collect();
+    let dup = spi::read_one(
+        &format!(
+            "SELECT pg_catalog.concat_ws(', ', {}) FROM {} WHERE {} GROUP BY {cols} \
+             HAVING count(*) > 1 LIMIT 1",
+            values.join(", "),
+            super::relname(key.relid),
+            not_null.join(" AND ")
+        ),
+        vec![],
+    );
+    match dup {
+        None => Ok(()),
+        Some(values) => Err(MrError::DuplicateKey {
+            index: key.name.clone(),
+            key: format!("({})=({values})", key.columns.join(", ")),
+        }),
+    }
+}
