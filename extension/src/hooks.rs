@@ -180,9 +180,7 @@ unsafe extern "C-unwind" fn process_utility(
     // in front (PostgreSQL's partitioning needs it) and a key table across regions, after
     // the rows are checked where the statement was typed.
     let (pstmt, unique_keys) = unsafe { crate::regions::unique_keys_with_region(pstmt) };
-    if replicate.is_some() {
-        crate::regions::check_added_unique_keys(&unique_keys);
-    }
+    crate::regions::check_added_unique_keys(&unique_keys, replicate.is_some());
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
     // given; a COPY FROM's rows for other nodes' ranges are collected around it.
     unsafe {

@@ -189,6 +189,19 @@ SELECT create_statement FROM [SHOW CREATE TABLE pk_users];
 SELECT indexname FROM pg_indexes WHERE tablename = 'pk_users' ORDER BY 1;
 ALTER TABLE accounts ALTER PRIMARY KEY USING COLUMNS (id);
 DROP TABLE pk_orders, pk_users;
+-- A REGIONAL BY ROW table: the new key is unique across regions (the rows checked first), and
+-- the old one stays so.
+CREATE TABLE pk_members (id INT NOT NULL, email STRING NOT NULL, PRIMARY KEY (id)) LOCALITY REGIONAL BY ROW;
+INSERT INTO pk_members (id, email, crdb_region) VALUES (1, 'a@x', 'us-east1'), (2, 'a@x', 'us-west1');
+ALTER TABLE pk_members ALTER PRIMARY KEY USING COLUMNS (email);
+UPDATE pk_members SET email = 'b@x' WHERE id = 2;
+ALTER TABLE pk_members ALTER PRIMARY KEY USING COLUMNS (email);
+SHOW CREATE TABLE pk_members;
+INSERT INTO pk_members (id, email, crdb_region) VALUES (3, 'a@x', 'us-west1');
+INSERT INTO pk_members (id, email, crdb_region) VALUES (1, 'c@x', 'us-west1');
+SELECT constraint_name, columns FROM multiregion.global_key
+ WHERE relid = 'pk_members'::regclass ORDER BY 1;
+DROP TABLE pk_members;
 -- unique_rowid(): cluster-unique, CockroachDB's layout (the node's ID in the low 15 bits).
 CREATE TABLE rowids (id INT8 DEFAULT unique_rowid() PRIMARY KEY, v STRING);
 INSERT INTO rowids (v) SELECT 'x' FROM generate_series(1, 1000);

@@ -180,7 +180,12 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
             bucket_count,
         }) => {
             let relid = resolve_table(&object_sql(table))?;
-            super::primary_key::alter_primary_key(relid, columns, *bucket_count)?;
+            super::primary_key::alter_primary_key(
+                relid,
+                columns,
+                *bucket_count,
+                matches!(origin, Origin::User),
+            )?;
             effect.changed = replicated();
             tag("ALTER TABLE")
         }
@@ -193,7 +198,12 @@ fn execute_statement(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>
         }
         Some(Statement::CreateIndex { statements }) => {
             for statement in statements {
-                spi::run(statement);
+                if matches!(origin, Origin::User) {
+                    // A unique key added to a REGIONAL BY ROW table is checked here.
+                    super::unique::typed_here(|| spi::run(statement));
+                } else {
+                    spi::run(statement);
+                }
             }
             effect.changed = replicated();
             tag("CREATE INDEX")

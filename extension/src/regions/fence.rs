@@ -44,6 +44,16 @@ pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt) {
     fence(relids).or_raise();
 }
 
+/// Fences `relids` for a change made inside the extension's own statements (run through SPI,
+/// where [`before_ddl`] does not see them): a unique key added to a REGIONAL BY ROW table
+/// through `multiregion.execute`, or its primary key changed.
+pub(super) fn fence_tables(relids: Vec<pg_sys::Oid>) -> Result<(), MrError> {
+    if gucs::sidecar_socket().is_none() || replication::known_off() {
+        return Ok(());
+    }
+    fence(relids)
+}
+
 /// The relations a statement reshapes: `ALTER TABLE` (any form), renames of a table or its
 /// parts, `DROP TABLE`, `CREATE UNIQUE INDEX`. Missing ones are left to the statement's own error.
 ///

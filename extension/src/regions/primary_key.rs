@@ -9,9 +9,11 @@
 //! statement's transaction. Every node runs the same steps (the statement is replicated as
 //! written, like other DDL through this door).
 //!
-//! A REGIONAL BY ROW table's keys lead with the region and its unique keys are kept by key
-//! tables; changing its primary key would rebuild both, which is not built: refused, with how
-//! to get there.
+//! A REGIONAL BY ROW table's keys lead with the region (PostgreSQL's partitioning needs it),
+//! and a key without the region is kept unique across regions by a key table (`rbr.rs`): the
+//! new key gets the region in front and a key table of its own — its rows checked first where
+//! the statement was typed, as a unique key added later (`unique.rs`) — and the old key's key
+//! table stays, moved to the unique index that now keeps the old columns.
 
 use super::spi::{flag, ident, rows, run};
 use super::{catalog, require_table_owner};
@@ -23,27 +25,19 @@ use pgrx::pg_sys::Oid;
 /// CockroachDB's `pgcode.InvalidSchemaDefinition`.
 const INVALID_SCHEMA_DEFINITION: &str = "42P15";
 
+/// `typed_here`: the statement was typed on this node (its rows are checked here).
 pub(super) fn alter_primary_key(
     relid: Oid,
     columns: &[String],
     bucket_count: Option<u32>,
+    typed_here: bool,
 ) -> Result<(), MrError> {
     require_table_owner(relid)?;
     let table = super::relname(relid);
-    if matches!(
-        catalog::locality(relid).locality,
-        TableLocality::RegionalByRow { .. }
-    ) {
-        return Err(MrError::Ddl(DdlError {
-            sqlstate: "0A000",
-            message: format!(
-                "ALTER PRIMARY KEY of REGIONAL BY ROW table {table} is not supported"
-            ),
-            hint: Some(format!(
-                "set the table's locality to REGIONAL BY TABLE, alter its primary key, then set it back to REGIONAL BY ROW: ALTER TABLE {table} SET LOCALITY REGIONAL BY TABLE"
-            )),
-        }));
-    }
+    let region = match catalog::locality(relid).locality {
+        TableLocality::RegionalByRow { column } => Some(column),
+        _ => None,
+    };
     // The new key's columns: present, and NOT NULL (CockroachDB does not make them so).
     for c in columns {
         let nullable = rows(
@@ -80,6 +74,16 @@ pub(super) fn alter_primary_key(
     }
     let bare = table_name(relid);
     let shard = bucket_count.map(|n| mr_sql::Shard::new(columns.to_vec(), n));
+    // A REGIONAL BY ROW table's key as PostgreSQL holds it: the region in front, unless named;
+    // a key without it is unique across regions through a key table.
+    let declared = columns.to_vec();
+    let global = region.as_ref().filter(|r| !declared.contains(r));
+    let columns: &[String] = &match global {
+        Some(r) => std::iter::once(r.clone())
+            .chain(declared.iter().cloned())
+            .collect(),
+        None => declared.clone(),
+    };
     // The old primary key: its constraint, index and key columns.
     let old = rows(
         "SELECT con.conname::text, con.conindid::oid::text, \
@@ -116,6 +120,9 @@ pub(super) fn alter_primary_key(
             return Ok(());
         }
     }
+    if let (Some(r), true) = (global, typed_here) {
+        super::unique::check_columns(relid, &format!("{bare}_pkey"), &declared, r)?;
+    }
     if let Some(s) = &shard {
         run(&format!(
             "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {}",
@@ -139,15 +146,32 @@ pub(super) fn alter_primary_key(
                 old_columns.clone().into(),
             ],
         );
-        // (Only the sharding changing leaves the key as unique as it was.)
+        // (Only the sharding changing leaves the key as unique as it was.) A REGIONAL BY ROW
+        // table's index is named after the declared columns, without the region.
+        let old_declared: Vec<&String> = old_columns
+            .iter()
+            .filter(|c| Some(*c) != region.as_ref())
+            .collect();
+        let keep = format!(
+            "{bare}_{}_key",
+            old_declared
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join("_")
+        );
         if !covered && old_columns != columns {
-            let keep = format!("{bare}_{}_key", old_columns.join("_"));
             let cols: Vec<String> = old_columns.iter().map(|c| ident(c)).collect();
             run(&format!(
                 "CREATE UNIQUE INDEX {} ON {table} ({})",
                 ident(&keep),
                 cols.join(", ")
             ));
+        }
+        // The old key's key table now keeps the old columns under that index's name (before
+        // the constraint goes: dropping an index with a key table drops the key table).
+        if region.is_some() && old_columns != columns {
+            super::rbr::rename_global_key(relid, name, &keep);
         }
         // Foreign keys bound to the old primary key's index move to the unique one.
         for r in rows(
@@ -186,6 +210,11 @@ pub(super) fn alter_primary_key(
             "ALTER TABLE {child} ADD CONSTRAINT {} {def}",
             ident(&name)
         ));
+    }
+    if global.is_some() {
+        super::spi::as_extension_owner(|| {
+            super::rbr::add_key_table(relid, &format!("{bare}_pkey"), &declared)
+        });
     }
     Ok(())
 }

@@ -855,12 +855,21 @@ fn key_table(
             cols.to_vec().into(),
         ],
     );
+    key_triggers(qualified, &key_table, constraint, cols);
+    key_table
+}
+
+/// The triggers that keep `key_table` (for constraint `constraint`, columns `cols`) with the
+/// rows of REGIONAL BY ROW table `qualified`.
+pub(super) fn key_triggers(qualified: &str, key_table: &str, constraint: &str, cols: &[String]) {
+    let keys: Vec<String> = cols.iter().map(|c| ident(c)).collect();
+    let keys = keys.join(", ");
     run(&format!(
         "CREATE TRIGGER {} AFTER INSERT OR DELETE OR UPDATE OF {keys} ON {} FOR EACH ROW \
          EXECUTE FUNCTION multiregion.maintain_global_key({}, {})",
         ident(&format!("mr_global_key_{constraint}")),
         qualified,
-        lit(&key_table),
+        lit(key_table),
         lit(constraint)
     ));
     // Enabled also for replica mode, where it records nothing (with row replication on the
@@ -876,10 +885,60 @@ fn key_table(
          EXECUTE FUNCTION multiregion.truncate_global_key({}, {})",
         ident(&format!("mr_global_key_truncate_{constraint}")),
         qualified,
-        lit(&key_table),
+        lit(key_table),
         lit(constraint)
     ));
-    key_table
+}
+
+/// Moves the key table of `relid`'s global key `from` to constraint `to` (the primary key's
+/// old columns, kept unique under a new name): its catalog row and its triggers.
+pub(super) fn rename_global_key(relid: Oid, from: &str, to: &str) {
+    let Some(row) = rows(
+        "SELECT key_table::text, pg_catalog.array_to_string(columns, chr(1)) \
+         FROM multiregion.global_key WHERE relid = $1 AND constraint_name = $2",
+        vec![relid.into(), from.into()],
+    )
+    .into_iter()
+    .next() else {
+        return;
+    };
+    let key_table = col(&row, 0);
+    let cols: Vec<String> = col(&row, 1).split('\u{1}').map(str::to_string).collect();
+    let qualified = super::relname(relid);
+    for trigger in [
+        format!("mr_global_key_{from}"),
+        format!("mr_global_key_truncate_{from}"),
+    ] {
+        run(&format!(
+            "DROP TRIGGER IF EXISTS {} ON {qualified}",
+            ident(&trigger)
+        ));
+    }
+    run_with(
+        "UPDATE multiregion.global_key SET constraint_name = $3 \
+         WHERE relid = $1 AND constraint_name = $2",
+        vec![relid.into(), from.into(), to.into()],
+    );
+    key_triggers(&qualified, &key_table, to, &cols);
+    // Its violations are reported under its index's name: the new one, where it is free.
+    if let Some(index) = one(
+        "SELECT conname::text FROM pg_catalog.pg_constraint \
+         WHERE conrelid = $1::regclass AND contype = 'p'",
+        vec![key_table.as_str().into()],
+    ) {
+        let free = one(
+            "SELECT pg_catalog.to_regclass('multiregion_keys.' || pg_catalog.quote_ident($1))::text",
+            vec![to.into()],
+        )
+        .is_none();
+        if free {
+            run(&format!(
+                "ALTER TABLE {key_table} RENAME CONSTRAINT {} TO {}",
+                ident(&index),
+                ident(to)
+            ));
+        }
+    }
 }
 
 /// Keeps this node's rows of the REGIONAL BY ROW table, by region, as they are before its

@@ -379,7 +379,9 @@ fn one_line(expr: &str) -> String {
 }
 
 /// `SHOW INDEXES FROM t`: one row per index column, CockroachDB's columns; a REGIONAL BY ROW
-/// table's region column leads every index as an implicit column.
+/// table's region column leads every index as an implicit column, and a hash-sharded index's
+/// shard column follows it as one (CockroachDB's key is (shard, columns); ours includes the
+/// shard column after the key, crates/sql/src/table.rs).
 pub(super) fn index_rows(name_sql: &str) -> Result<Vec<serde_json::Value>, MrError> {
     let rel = relation(name_sql)?;
     if !matches!(rel.kind.as_str(), "r" | "p" | "m") {
@@ -389,7 +391,28 @@ pub(super) fn index_rows(name_sql: &str) -> Result<Vec<serde_json::Value>, MrErr
     let region = region_column(&row);
     let mut out = vec![];
     for i in indexes(rel.relid) {
-        for (k, c) in i.columns.iter().enumerate() {
+        let shard =
+            |c: &IndexColumn| c.storing && !c.expression && shard_buckets(&c.name).is_some();
+        // (column, implicit), in CockroachDB's order.
+        let mut ordered: Vec<(&IndexColumn, bool)> = vec![];
+        let (lead, rest): (Vec<_>, Vec<_>) = i
+            .columns
+            .iter()
+            .enumerate()
+            .partition(|(k, _)| i.implicit(*k, region));
+        ordered.extend(lead.into_iter().map(|(_, c)| (c, true)));
+        ordered.extend(
+            rest.iter()
+                .filter(|(_, c)| shard(c))
+                .map(|(_, c)| (*c, true)),
+        );
+        ordered.extend(
+            rest.iter()
+                .filter(|(_, c)| !shard(c))
+                .map(|(_, c)| (*c, false)),
+        );
+        for (k, (c, implicit)) in ordered.into_iter().enumerate() {
+            let storing = c.storing && !implicit;
             out.push(json!({
                 "table_name": rel.name,
                 "index_name": i.name,
@@ -397,9 +420,9 @@ pub(super) fn index_rows(name_sql: &str) -> Result<Vec<serde_json::Value>, MrErr
                 "seq_in_index": k + 1,
                 "column_name": c.name,
                 "definition": c.name,
-                "direction": if c.storing { "N/A" } else if c.descending { "DESC" } else { "ASC" },
-                "storing": c.storing,
-                "implicit": i.implicit(k, region),
+                "direction": if storing { "N/A" } else if c.descending { "DESC" } else { "ASC" },
+                "storing": storing,
+                "implicit": implicit,
                 "visible": true,
             }));
         }

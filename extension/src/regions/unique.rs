@@ -175,11 +175,40 @@ unsafe fn keys_of(pstmt: *mut pg_sys::PlannedStmt) -> Vec<(Key, AddedKey)> {
     }
 }
 
-/// Before the statement runs, where it was typed: a key held by rows of two regions refuses
-/// it, with PostgreSQL's error for a unique index that cannot be built.
-pub(crate) fn check_keys(keys: &[AddedKey]) {
+thread_local! {
+    /// Above zero while `multiregion.execute` runs a statement typed on this node: the keys
+    /// its SPI statements add are checked here, as a client's own statement's are.
+    static TYPED_HERE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f`, a statement typed on this node that the extension runs through SPI.
+pub(super) fn typed_here<R>(f: impl FnOnce() -> R) -> R {
+    struct Guard;
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            TYPED_HERE.with(|t| t.set(t.get().saturating_sub(1)));
+        }
+    }
+    TYPED_HERE.with(|t| t.set(t.get() + 1));
+    let _guard = Guard;
+    f()
+}
+
+/// Before the statement runs, where it was typed (`top_level`, or inside [`typed_here`]): a
+/// key held by rows of two regions refuses it, with PostgreSQL's error for a unique index
+/// that cannot be built. A statement run through SPI is fenced here (a client's own was
+/// fenced before it ran).
+pub(crate) fn check_keys(keys: &[AddedKey], top_level: bool) {
+    if !top_level && TYPED_HERE.with(|t| t.get()) == 0 {
+        return;
+    }
     for key in keys {
-        if let Err(e) = check_unique(key) {
+        let fenced = if top_level {
+            Ok(())
+        } else {
+            super::fence::fence_tables(vec![key.relid])
+        };
+        if let Err(e) = fenced.and_then(|()| check_unique(key)) {
             e.raise();
         }
     }
@@ -268,6 +297,23 @@ fn check_unique(key: &AddedKey) -> Result<(), MrError> {
         });
     }
     crate::routing::read_locally(|| duplicate(key))
+}
+
+/// Fences `relid` and checks that `columns` are unique across its rows, for a key named
+/// `name` about to be made of them (a REGIONAL BY ROW table's new primary key).
+pub(super) fn check_columns(
+    relid: pg_sys::Oid,
+    name: &str,
+    columns: &[String],
+    region_column: &str,
+) -> Result<(), MrError> {
+    super::fence::fence_tables(vec![relid])?;
+    check_unique(&AddedKey {
+        relid,
+        name: name.to_string(),
+        columns: columns.to_vec(),
+        region_column: region_column.to_string(),
+    })
 }
 
 fn names(relid: pg_sys::Oid) -> (String, String) {
