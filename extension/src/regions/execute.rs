@@ -54,7 +54,10 @@ fn is_ddl(sql: &str) -> bool {
 /// copy.
 pub(super) fn execute_one(sql: &str, origin: Origin) -> Result<Vec<serde_json::Value>, MrError> {
     if let Ok(Some(stmt)) = mr_sql::parse(sql) {
-        if matches!(origin, Origin::User) && mr_sql::show_columns(&stmt).is_none() {
+        // CONFIGURE ZONE changes only the meta group's overrides: no copy to bring up to date.
+        let rewrites = mr_sql::show_columns(&stmt).is_none()
+            && !matches!(stmt, Statement::ConfigureZone { .. });
+        if matches!(origin, Origin::User) && rewrites {
             // The change rewrites this node's copies: they must hold every row written
             // before it (a row just written through another node's lease arrives here
             // through replication). Writes racing the change are not ordered with it yet
