@@ -465,20 +465,7 @@ unsafe fn conflict_in_row_region(
             || own.is_some_and(|t| !is_a((*t).expr.cast(), pg_sys::NodeTag::T_SetToDefault));
         let region_value = match own {
             Some(t) => with_defaults(rel, t),
-            None => {
-                let att = attribute(rel, table.region_attno);
-                let mut expr = pg_sys::build_column_default(rel, table.region_attno.into());
-                if expr.is_null() {
-                    expr =
-                        pg_sys::makeNullConst(att.atttypid, att.atttypmod, att.attcollation).cast();
-                }
-                pg_sys::makeTargetEntry(
-                    expr.cast(),
-                    table.region_attno,
-                    std::ptr::null_mut(),
-                    false,
-                )
-            }
+            None => default_entry(rel, table.region_attno),
         };
         let pairs: Vec<String> = key
             .iter()
@@ -665,7 +652,15 @@ unsafe fn with_defaults(
         if !is_a((*tle).expr.cast(), pg_sys::NodeTag::T_SetToDefault) {
             return tle;
         }
-        let attno = (*tle).resno;
+        default_entry(rel, (*tle).resno)
+    }
+}
+
+/// Column `attno`'s default expression (or NULL) as a target entry of that column.
+#[allow(unsafe_code)]
+unsafe fn default_entry(rel: pg_sys::Relation, attno: i16) -> *mut pg_sys::TargetEntry {
+    // SAFETY: `rel` is the statement's open target relation and `attno` one of its columns.
+    unsafe {
         let mut expr = pg_sys::build_column_default(rel, attno.into());
         if expr.is_null() {
             let att = attribute(rel, attno);
