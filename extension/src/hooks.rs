@@ -180,6 +180,8 @@ unsafe extern "C-unwind" fn process_utility(
     // in front (PostgreSQL's partitioning needs it) and a key table across regions, after
     // the rows are checked where the statement was typed.
     let (pstmt, unique_keys) = unsafe { crate::regions::unique_keys_with_region(pstmt) };
+    // SAFETY: as above; a renamed key's key table follows it.
+    let renamed_key = unsafe { crate::regions::renamed_key(&*pstmt) };
     crate::regions::check_added_unique_keys(&unique_keys, replicate.is_some());
     // SAFETY: the previous hook (or PostgreSQL's own implementation) with our arguments as
     // given; a COPY FROM's rows for other nodes' ranges are collected around it.
@@ -213,6 +215,7 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: as above; the statement ran (an ALTER SEQUENCE … RESTART is recorded).
     unsafe { crate::sequences::after_utility(&*pstmt) };
     crate::regions::create_added_key_tables(unique_keys);
+    crate::regions::rename_global_key(renamed_key);
     if let Some(ddl) = replicate {
         crate::regions::replicate_ddl(ddl);
     }

@@ -172,3 +172,10 @@ ALTER TABLE members DROP CONSTRAINT members_nick_key;
 INSERT INTO members VALUES (13, 'e@x', 'k', 'us-east1');
 SELECT constraint_name FROM multiregion.global_key WHERE relid = 'members'::regclass ORDER BY 1;
 SELECT pg_catalog.to_regclass('multiregion_keys.members_members_nick_key') AS dropped;
+-- A renamed key keeps its key table, under the new name; dropped, it takes the key table.
+ALTER INDEX members_email RENAME TO members_mail;
+INSERT INTO members VALUES (14, 'a@x', 'm', 'us-east1');
+SELECT constraint_name FROM multiregion.global_key WHERE relid = 'members'::regclass ORDER BY 1;
+DROP INDEX members_mail;
+SELECT pg_catalog.to_regclass('multiregion_keys.members_members_email') AS dropped;
+INSERT INTO members VALUES (14, 'a@x', 'm', 'us-east1');

@@ -41,7 +41,7 @@ pub(crate) use replicate::{
 };
 pub(crate) use unique::{
     check_keys as check_added_unique_keys, create_key_tables as create_added_key_tables,
-    with_region as unique_keys_with_region,
+    rename_key as rename_global_key, renamed_key, with_region as unique_keys_with_region,
 };
 
 extension_sql_file!("../catalog.sql", name = "catalog", requires = [multiregion]);

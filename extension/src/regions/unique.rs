@@ -361,3 +361,62 @@ fn duplicate(key: &AddedKey) -> Result<(), MrError> {
         }),
     }
 }
+
+/// A unique key with a key table, renamed by the statement about to run (`ALTER INDEX …
+/// RENAME TO`, `ALTER TABLE … RENAME CONSTRAINT`): its table, old and new name.
+pub(crate) struct RenamedKey {
+    relid: pg_sys::Oid,
+    from: String,
+    to: String,
+}
+
+/// The key `pstmt` renames, if it is one a key table keeps unique across regions.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn renamed_key(pstmt: &pg_sys::PlannedStmt) -> Option<RenamedKey> {
+    let node = pstmt.utilityStmt;
+    // SAFETY: the cast follows the node's tag; the RangeVar and names are the statement's.
+    unsafe {
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_RenameStmt {
+            return None;
+        }
+        let s = &*(node as *mut pg_sys::RenameStmt);
+        let str_of = |p: *mut std::ffi::c_char| {
+            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        };
+        let to = str_of(s.newname)?;
+        let (relid, from) = match s.renameType {
+            pg_sys::ObjectType::OBJECT_INDEX => {
+                let index = catalog::relid_of(s.relation)?;
+                let row = spi::read_rows(
+                    "SELECT i.indrelid::text, c.relname::text FROM pg_catalog.pg_index i \
+                       JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid WHERE i.indexrelid = $1",
+                    vec![index.into()],
+                );
+                let get = |i: usize| row.first().and_then(|r| r.get(i).cloned().flatten());
+                (pg_sys::Oid::from(get(0)?.parse::<u32>().ok()?), get(1)?)
+            }
+            pg_sys::ObjectType::OBJECT_TABCONSTRAINT => {
+                (catalog::relid_of(s.relation)?, str_of(s.subname)?)
+            }
+            _ => return None,
+        };
+        spi::read_one(
+            "SELECT 'yes' FROM multiregion.global_key WHERE relid = $1 AND constraint_name = $2",
+            vec![relid.into(), from.as_str().into()],
+        )?;
+        Some(RenamedKey { relid, from, to })
+    }
+}
+
+/// After the rename ran: the key table follows its key's new name (catalog row, triggers,
+/// its own index's name), on every node alike.
+pub(crate) fn rename_key(key: Option<RenamedKey>) {
+    if let Some(k) = key {
+        crate::replication::without_capture(|| {
+            spi::as_extension_owner(|| rbr::rename_global_key(k.relid, &k.from, &k.to))
+        });
+    }
+}
