@@ -7,11 +7,12 @@
 //! unique within its region, and the declared columns are what SHOW CREATE and SHOW INDEXES
 //! print, as for the keys a conversion prefixed). Across regions a key table keeps the
 //! columns unique, as a conversion makes one (`rbr.rs`). Where the statement is typed, the
-//! rows are first checked for a key that repeats across regions — read as any statement
-//! reads them: after the statement's fence (`fence.rs`) stopped writers at the leaseholders,
-//! through this node's replicas or at the leaseholders — and the key table's range starts
-//! from the keys of each partition, read at that partition's leaseholder once it applied the
-//! change (pgmr's `key_chunk`), so every replica holds the same keys.
+//! rows are first checked for a key that repeats across regions, in this node's copy of
+//! every partition once the statement's fence (`fence.rs`) stopped writers at the
+//! leaseholders and this node applied what they wrote before (a node without a replica of
+//! some partition refuses the statement); the key table's range starts from the keys of each
+//! partition, read at that partition's leaseholder once it applied the change (pgmr's
+//! `key_chunk`), so every replica holds the same keys. A renamed key's key table follows it.
 
 use super::{catalog, rbr, spi};
 use crate::error::MrError;
