@@ -91,7 +91,7 @@ CREATE FUNCTION multiregion.conflict_region(p_table regclass, p_key jsonb, p_pro
 RETURNS text LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_column name;
-    v_regions text[];
+    v_region text;
     v_match text;
     v_found text;
     v_key_table regclass;
@@ -128,18 +128,20 @@ BEGIN
             RETURN p_proposed;
         END IF;
     END IF;
-    SELECT array_agg(r) INTO v_regions FROM multiregion.database_config c, unnest(c.regions) r
-     WHERE r IS DISTINCT FROM p_proposed;
-    IF v_regions IS NULL THEN
-        RETURN p_proposed;
-    END IF;
-    -- The regions are literals, so the planner prunes to their partitions (the statement is
-    -- routed by them), and each partition's index, which leads with the region, finds the key.
-    EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
-                   'WHERE t.%I IN (%s) AND %s LIMIT 1',
-                   v_column, p_table, p_table, v_column,
-                   (SELECT string_agg(quote_literal(r), ', ') FROM unnest(v_regions) r), v_match)
-       INTO v_found USING p_key;
+    -- Then each other region's partition, one statement each: a statement that reads one
+    -- partition runs where that partition can be read (this node's replica, or its
+    -- leaseholder); one over several leaseholders could not run on a node without a replica
+    -- of each. The region leads each partition's index, which finds the key.
+    FOR v_region IN
+        SELECT r FROM multiregion.database_config c, unnest(c.regions) r
+         WHERE r IS DISTINCT FROM p_proposed ORDER BY r
+    LOOP
+        EXECUTE format('SELECT t.%I::text FROM %s t, jsonb_populate_record(NULL::%s, $1) k '
+                       'WHERE t.%I = %L AND %s LIMIT 1',
+                       v_column, p_table, p_table, v_column, v_region, v_match)
+           INTO v_found USING p_key;
+        EXIT WHEN v_found IS NOT NULL;
+    END LOOP;
     IF v_found IS NULL THEN
         RETURN p_proposed;
     END IF;
