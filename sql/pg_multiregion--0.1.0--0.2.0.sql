@@ -78,16 +78,26 @@ CREATE VIEW multiregion.schema_appliers AS
 CREATE FUNCTION multiregion."key_in_local_partition"("table" oid, "region" TEXT, "key" jsonb)
 RETURNS bool STRICT LANGUAGE c AS 'MODULE_PATHNAME', 'key_in_local_partition_wrapper';
 
+-- Has the running statement's next row of a REGIONAL BY ROW table written after the
+-- statement ('write_after') or left out ('skip'): conflict_region's way of moving a row
+-- before an upsert writes it, or of leaving a conflicting row alone (moved.rs).
+CREATE FUNCTION multiregion."upsert_next_row"("table" oid, "how" TEXT)
+RETURNS bool STRICT LANGUAGE c AS 'MODULE_PATHNAME', 'upsert_next_row_wrapper';
+
 -- INSERT … ON CONFLICT (key) on a REGIONAL BY ROW table, by a key without the region column
 -- (CockroachDB's UPSERT, and its ON CONFLICT over an implicitly partitioned key): the region
 -- of the row that already holds the key, in whichever partition it lives, else the region the
 -- new row would get. rewrite.rs puts this call in the region column, so the row is written
--- into — and its conflict decided in — the partition that has the key, and updated there. A
--- region the statement decides — given, or computed from its values — for a key that lives
--- in another region is refused, not ignored: PostgreSQL's ON CONFLICT DO UPDATE cannot move
--- a row between partitions, and a computed region's CHECK ties the proposed row to its own.
+-- into — and its conflict decided in — the partition that has the key, and updated there.
+-- Where the statement decides the row's region itself (p_decided 'given' or 'computed') and
+-- the key lives in another region, p_action says what CockroachDB does: 'nothing' leaves the
+-- row out; 'move' (a DO UPDATE that assigns the region, a column it is computed from, or
+-- rehomes) first moves the existing row by an UPDATE of p_placed's columns to the proposed
+-- values, then has the proposed row written after the statement, when that row is there to
+-- conflict with (moved.rs); 'update' updates the row where it is — which a computed region
+-- cannot do: its CHECK ties the proposed row to its own values.
 CREATE FUNCTION multiregion.conflict_region(p_table regclass, p_key jsonb, p_proposed text,
-                                            p_explicit boolean)
+                                            p_decided text, p_action text, p_placed jsonb)
 RETURNS text LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_column name;
@@ -96,6 +106,7 @@ DECLARE
     v_found text;
     v_key_table regclass;
     v_held boolean;
+    v_set text;
 BEGIN
     SELECT l.region_column INTO v_column FROM multiregion.table_locality l
      WHERE l.relid = p_table AND l.locality = 'regional_by_row';
@@ -142,16 +153,40 @@ BEGIN
            INTO v_found USING p_key;
         EXIT WHEN v_found IS NOT NULL;
     END LOOP;
-    IF v_found IS NULL THEN
+    IF v_found IS NULL OR p_proposed IS NULL OR p_proposed = v_found THEN
+        RETURN coalesce(v_found, p_proposed);
+    END IF;
+    IF p_action = 'move' THEN
+        SELECT string_agg(format('%I = (jsonb_populate_record(NULL::%s, $1)).%I',
+                                 e.key, p_table, e.key), ', ')
+          INTO v_set FROM jsonb_each(p_placed) e;
+        EXECUTE format('UPDATE %s t SET %s FROM jsonb_populate_record(NULL::%s, $2) k '
+                       'WHERE t.%I = %L AND %s',
+                       p_table, v_set, p_table, v_column, v_found, v_match)
+           USING p_placed, p_key;
+        IF NOT multiregion.upsert_next_row(p_table, 'write_after') THEN
+            RAISE EXCEPTION 'cannot move the row with key % of table % from region "%" to "%" in this statement',
+                    p_key, p_table, v_found, p_proposed
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Move the row with UPDATE first, or upsert it in a statement of its own.';
+        END IF;
         RETURN p_proposed;
     END IF;
-    IF p_explicit AND p_proposed IS DISTINCT FROM v_found THEN
-        RAISE EXCEPTION 'cannot move the row with key % of table % from region "%" to "%" by INSERT … ON CONFLICT',
-                p_key, p_table, v_found, p_proposed
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Move the row with UPDATE first, or write values that keep it in its region.';
+    IF p_decided = 'default' THEN
+        RETURN v_found;
     END IF;
-    RETURN v_found;
+    IF p_action = 'nothing' AND multiregion.upsert_next_row(p_table, 'skip') THEN
+        RETURN p_proposed;
+    END IF;
+    IF p_decided = 'given' THEN
+        -- Updated (or left) where it is, as CockroachDB does: the proposed row's region
+        -- only decides where a new row goes.
+        RETURN v_found;
+    END IF;
+    RAISE EXCEPTION 'cannot update the row with key % of table % in region "%" by INSERT … ON CONFLICT: its region is computed, and the proposed row''s is "%"',
+            p_key, p_table, v_found, p_proposed
+        USING ERRCODE = 'feature_not_supported',
+              HINT = 'Assign the columns the region is computed from in DO UPDATE SET (the row then moves), or update the row with UPDATE.';
 END
 $fn$;
 

@@ -40,6 +40,19 @@ struct Scope {
     /// by the COPY): PostgreSQL drew those from this node's copy of the sequence, and this
     /// trigger draws them again from the cluster-wide counter (crate::sequences).
     sequence_defaults: Option<crate::sequences::CopyDefaults>,
+    /// What `multiregion.conflict_region` asked for the statement's next row of a table (by
+    /// its oid): see [`upsert_next_row`].
+    next_row: Option<((String, String), NextRow)>,
+}
+
+/// What becomes of an upsert's next row (`multiregion.upsert_next_row`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum NextRow {
+    /// Written after the statement, with its ON CONFLICT clause, as rows for partitions
+    /// leased elsewhere are — also where this node leases its partition.
+    WriteAfter,
+    /// Left out: `DO NOTHING` on a key that lives in another region.
+    Skip,
 }
 
 thread_local! {
@@ -84,6 +97,7 @@ fn scope(refuse: Option<&'static str>, whole_tables: bool) -> Collecting {
             whole_tables,
             moved: BTreeMap::new(),
             sequence_defaults: None,
+            next_row: None,
         });
         s.len()
     });
@@ -166,6 +180,10 @@ pub fn route_row<'a>(
     let Some(partition) = range else {
         return Ok(new);
     };
+    let asked = asked_for(&partition);
+    if asked == Some(NextRow::Skip) {
+        return Ok(None);
+    }
     let mut tuple = td.tg_trigtuple;
     let defaults = SCOPES.with(|s| {
         s.borrow().last().and_then(|sc| {
@@ -203,17 +221,26 @@ pub fn route_row<'a>(
             h
         }
     };
-    if here {
+    if here && asked.is_none() {
         return Ok(new);
     }
     if let Some(why) = SCOPES.with(|s| s.borrow().last().and_then(|sc| sc.refuse)) {
         MrError::WriteNotServed {
-            message: format!(
-                "a row for partition {} of {}.{} is leased on another node, and this statement {why}",
-                partition.2.as_deref().unwrap_or_default(),
-                partition.0,
-                partition.1
-            ),
+            message: if here {
+                format!(
+                    "a row of {}.{} moved to partition {} must be upserted after this statement, and it {why}",
+                    partition.0,
+                    partition.1,
+                    partition.2.as_deref().unwrap_or_default(),
+                )
+            } else {
+                format!(
+                    "a row for partition {} of {}.{} is leased on another node, and this statement {why}",
+                    partition.2.as_deref().unwrap_or_default(),
+                    partition.0,
+                    partition.1
+                )
+            },
             hint: "Write each region's rows in their own statement, or leave out what cannot go with them: a data-modifying WITH, parameters in ON CONFLICT or RETURNING, other tables in RETURNING.".into(),
         }
         .raise();
@@ -238,6 +265,58 @@ pub fn route_row<'a>(
         }
     });
     Ok(None)
+}
+
+/// What `multiregion.upsert_next_row` asked for this row of `partition`, taken once.
+fn asked_for(partition: &Partition) -> Option<NextRow> {
+    SCOPES.with(|s| {
+        let mut s = s.borrow_mut();
+        let sc = s.last_mut()?;
+        let (table, how) = sc.next_row.as_ref()?;
+        if partition.2.is_none() || table.0 != partition.0 || table.1 != partition.1 {
+            return None;
+        }
+        let how = *how;
+        sc.next_row = None;
+        Some(how)
+    })
+}
+
+/// Rows an upsert moves: `multiregion.conflict_region`, evaluated for an INSERT … ON CONFLICT
+/// row whose key lives in another region than the statement gives it, asks here what becomes
+/// of that row, the next the statement inserts into `table`. `write_after`: the conflict
+/// must be decided after the existing row has been moved into the proposed row's partition
+/// (by an UPDATE of its own), which this statement cannot see — PostgreSQL's speculative
+/// insertion does not lock a row its own command wrote — so the row is collected, like one
+/// for a partition leased elsewhere, and written after the statement with its ON CONFLICT
+/// clause (at the partition's leaseholder, here or elsewhere), where it finds the moved
+/// row. `skip`: DO NOTHING on a key that lives elsewhere leaves the row out. False when no
+/// running statement collects rows (the caller then refuses).
+#[pg_extern(schema = "multiregion")]
+fn upsert_next_row(table: pg_sys::Oid, how: &str) -> bool {
+    let how = match how {
+        "write_after" => NextRow::WriteAfter,
+        "skip" => NextRow::Skip,
+        other => MrError::BadArgument {
+            what: "upsert action",
+            value: other.into(),
+            expected: "write_after or skip",
+        }
+        .raise(),
+    };
+    if SCOPES.with(|s| s.borrow().is_empty()) {
+        return false;
+    }
+    let Some((schema, name, _)) = replication::range_of(table) else {
+        return false;
+    };
+    SCOPES.with(|s| match s.borrow_mut().last_mut() {
+        Some(sc) => {
+            sc.next_row = Some(((schema, name), how));
+            true
+        }
+        None => false,
+    })
 }
 
 /// The INSERT that writes a group of moved rows at their leaseholder, as the appliers write

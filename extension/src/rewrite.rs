@@ -312,6 +312,7 @@ unsafe fn write_region(
                         rte,
                         varno,
                         query.targetList,
+                        query.onConflict,
                         table,
                         key,
                         has_sublinks,
@@ -332,9 +333,9 @@ unsafe fn write_region(
                     (*oc).arbiterElems = pg_sys::lappend((*oc).arbiterElems, elem.into_pg().cast());
                 }
                 let oc = query.onConflict;
-                // A row found by its key in another region is updated there: PostgreSQL's
-                // ON CONFLICT DO UPDATE cannot move it between partitions, so auto-rehoming
-                // (to this node's region) leaves it where it is.
+                // A row found by its key in another region and rehomed is moved before the
+                // proposed row is written (`conflict_in_row_region`): PostgreSQL's ON
+                // CONFLICT DO UPDATE cannot move it between partitions itself.
                 let rehoming_moves = by_key.is_none() || computed.is_some();
                 if !oc.is_null()
                     && (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE
@@ -438,21 +439,27 @@ unsafe fn conflict_key_without_region(
 /// INSERT … ON CONFLICT by a key without the region: the region column becomes the region of
 /// the row already holding the key, wherever it lives, or else the value it had
 /// (`multiregion.conflict_region`), so the row goes to — and its conflict is decided in — the
-/// partition that holds the key. A defaulted region is what a new row gets; a region the
-/// statement decides (given, or computed by `compute_on_insert`, run first) must be the
-/// existing row's, or the statement is refused: the proposed row cannot be redirected.
+/// partition that holds the key. Where the statement decides the region itself (given, or
+/// computed by `compute_on_insert`, run first) and the key lives in another region, the
+/// clause says what happens, as in CockroachDB: DO NOTHING leaves the row out; a DO UPDATE
+/// that assigns the region (or a column it is computed from; or any, under auto-rehoming)
+/// moves the existing row first (`moved.rs`, "rows an upsert moves"); any other DO UPDATE
+/// updates the row where it is.
 #[allow(unsafe_code)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn conflict_in_row_region(
     rel: pg_sys::Relation,
     rte: *mut pg_sys::RangeTblEntry,
     varno: i32,
     list: *mut pg_sys::List,
+    oc: *mut pg_sys::OnConflictExpr,
     table: &RbrTable,
     key: &[String],
     has_sublinks: *mut bool,
 ) -> *mut pg_sys::List {
     use crate::regions::spi::{ident, lit};
-    // SAFETY: the caller's contract: an analysed INSERT's target list and its open target.
+    // SAFETY: the caller's contract: an analysed INSERT's target list, its ON CONFLICT clause
+    // and its open target.
     unsafe {
         let entries = ptrs::<pg_sys::TargetEntry>(list);
         let own = entries
@@ -461,8 +468,51 @@ unsafe fn conflict_in_row_region(
             .find(|&t| (*t).resno == table.region_attno);
         // Decided by the statement: given, or computed from its values (a CHECK constraint
         // ties a computed region to the row, so the row cannot be redirected to another).
-        let explicit = table.computed.is_some()
-            || own.is_some_and(|t| !is_a((*t).expr.cast(), pg_sys::NodeTag::T_SetToDefault));
+        let decided = if table.computed.is_some() {
+            "computed"
+        } else if own.is_some_and(|t| !is_a((*t).expr.cast(), pg_sys::NodeTag::T_SetToDefault)) {
+            "given"
+        } else {
+            "default"
+        };
+        // The columns that place a row: the region, or those it is computed from.
+        let placing: Vec<i16> = match &table.computed {
+            Some(sql) => cook(rel, sql, table.region_attno, varno).1,
+            None => vec![table.region_attno],
+        };
+        let assigned: Vec<i16> = if (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_UPDATE {
+            ptrs::<pg_sys::TargetEntry>((*oc).onConflictSet)
+                .iter()
+                .filter(|&&t| !(*t).resjunk)
+                .map(|&t| (*t).resno)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let rehomes = table.auto_rehoming && table.computed.is_none();
+        let action = if (*oc).action == pg_sys::OnConflictAction::ONCONFLICT_NOTHING {
+            "nothing"
+        } else if rehomes || placing.iter().any(|a| assigned.contains(a)) {
+            "move"
+        } else {
+            "update"
+        };
+        // The existing row moves by these columns, set to the proposed row's values: those of
+        // a computed region that the DO UPDATE assigns (it will assign them again, as
+        // written), else the region itself.
+        let placed = if action == "move" {
+            let pairs: Vec<String> = placing
+                .iter()
+                .filter(|a| table.computed.is_none() || assigned.contains(a))
+                .map(|&a| {
+                    let name = pgrx::name_data_to_str(&attribute(rel, a).attname).to_string();
+                    format!("{}, {}", lit(&name), ident(&name))
+                })
+                .collect();
+            format!("pg_catalog.jsonb_build_object({})", pairs.join(", "))
+        } else {
+            "NULL::pg_catalog.jsonb".into()
+        };
         let region_value = match own {
             Some(t) => with_defaults(rel, t),
             None => default_entry(rel, table.region_attno),
@@ -473,10 +523,12 @@ unsafe fn conflict_in_row_region(
             .collect();
         let sql = format!(
             "multiregion.conflict_region({}::pg_catalog.oid::pg_catalog.regclass, \
-             pg_catalog.jsonb_build_object({}), {}::pg_catalog.text, {explicit})",
+             pg_catalog.jsonb_build_object({}), {}::pg_catalog.text, {}, {}, {placed})",
             (*rte).relid.to_u32(),
             pairs.join(", "),
             ident(&table.region_column),
+            lit(decided),
+            lit(action),
         );
         let (expr, _) = cook(rel, &sql, table.region_attno, varno);
         let others: Vec<_> = entries.into_iter().filter(|&t| Some(t) != own).collect();

@@ -106,6 +106,9 @@ struct RemoteTxn {
     /// rows (a foreign key's check, `FOR UPDATE`): it takes no part in the commit, and is
     /// rolled back, releasing its locks, once this transaction has committed.
     wrote: bool,
+    /// The forwarded settings as the remote transaction has them (empty: unknown, after a
+    /// rollback to a savepoint, which may have undone some).
+    settings: Vec<(String, String)>,
 }
 
 thread_local! {
@@ -785,6 +788,7 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                     params,
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
+                    settings: Vec::new(),
                 };
                 send_step(node, statement, false, true)?;
             }
@@ -1010,6 +1014,7 @@ fn write_moved(
                     params: vec![("pg_catalog.json".into(), Some(json))],
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
+                    settings: Vec::new(),
                 };
                 send(node, statement, false)?
             }
@@ -1094,16 +1099,25 @@ fn send(
 #[allow(unsafe_code)]
 fn send_step(
     node: u64,
-    statement: ForwardStatement,
+    mut statement: ForwardStatement,
     autocommit: bool,
     keys_only: bool,
 ) -> Result<sidecar::ForwardedRows, MrError> {
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
     let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
     let (req, pin) = if let Some(i) = existing {
+        let now = forwarded_settings();
         let req = REMOTE.with(|r| {
             let mut r = r.borrow_mut();
             let r = &mut r[i];
+            // The settings that changed here since the remote transaction last had them
+            // (a function's SET clause, a SET LOCAL) go with the statement.
+            statement.settings = now
+                .iter()
+                .filter(|s| !r.settings.contains(s))
+                .cloned()
+                .collect();
+            r.settings = now;
             r.keys_only &= keys_only;
             let mut savepoints = std::mem::take(&mut r.pending);
             for id in open.iter().skip(r.savepoints.len()) {
@@ -1124,11 +1138,13 @@ fn send_step(
         // One message when this statement is the whole transaction.
         let autocommit = autocommit && !is_pinned() && !replication::has_local_changes();
         let session = new_session();
+        // SAFETY: inside a transaction.
+        let begin = unsafe { begin_info() }?;
+        let settings = begin.settings.clone();
         let req = ForwardRequest {
             session: session.clone(),
             backend_pid: backend_pid(),
-            // SAFETY: inside a transaction.
-            begin: Some(unsafe { begin_info() }?),
+            begin: Some(begin),
             savepoints: open.iter().map(|id| SavepointOp::Savepoint(*id)).collect(),
             statement: Some(statement),
             finish: autocommit.then_some(Finish::Commit),
@@ -1140,6 +1156,7 @@ fn send_step(
             pending: Vec::new(),
             keys_only,
             wrote: false,
+            settings,
         });
         (req, pin)
     };
@@ -1167,6 +1184,7 @@ fn send_step(
                 pending: Vec::new(),
                 keys_only,
                 wrote: f.wrote,
+                settings: Vec::new(),
             })
         });
     }
@@ -1185,6 +1203,7 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
             .collect(),
         lock_timeout_ms: None,
         partitions: Vec::new(),
+        settings: Vec::new(),
     };
     send(node, statement, false)?;
     // A TRUNCATE there, or a schema change's lock: either commits with this transaction,
@@ -1588,6 +1607,7 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             params,
             lock_timeout_ms: None,
             partitions: Vec::new(),
+            settings: Vec::new(),
         }
     }
 }
@@ -1609,6 +1629,27 @@ fn new_session() -> String {
     format!("{}-{started}-{seq}", backend_pid())
 }
 
+/// The current values of the settings a forwarded statement's meaning depends on.
+#[allow(unsafe_code)]
+fn forwarded_settings() -> Vec<(String, String)> {
+    let mut settings = Vec::new();
+    for name in FORWARDED_SETTINGS {
+        let c = CString::new(*name).expect("no NUL");
+        // SAFETY: GetConfigOption returns NULL (missing_ok) or the setting's current value,
+        // valid until it next changes; it is copied at once.
+        unsafe {
+            let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
+            if !v.is_null() {
+                settings.push((
+                    name.to_string(),
+                    CStr::from_ptr(v).to_string_lossy().into_owned(),
+                ));
+            }
+        }
+    }
+    settings
+}
+
 /// What the remote transaction needs to behave like this one.
 ///
 /// # Safety
@@ -1625,23 +1666,12 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
             pg_sys::XACT_REPEATABLE_READ => Isolation::RepeatableRead,
             _ => Isolation::ReadCommitted,
         };
-        let mut settings = Vec::new();
-        for name in FORWARDED_SETTINGS {
-            let c = CString::new(*name).expect("no NUL");
-            let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
-            if !v.is_null() {
-                settings.push((
-                    name.to_string(),
-                    CStr::from_ptr(v).to_string_lossy().into_owned(),
-                ));
-            }
-        }
         Ok(ForwardBegin {
             database: database(),
             role,
             isolation,
             read_only: pg_sys::XactReadOnly,
-            settings,
+            settings: forwarded_settings(),
             gateway_region: gucs::locality()?.region().to_owned(),
             schema_version: crate::regions::catalog::load(false).1.max(0) as u64,
         })
@@ -1796,6 +1826,8 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                     if let Some(pos) = r.savepoints.iter().position(|&s| s == my) {
                         if abort {
                             r.pending.push(SavepointOp::RollbackTo(my));
+                            // It undoes the settings the subtransaction sent there.
+                            r.settings.clear();
                         }
                         r.pending.push(SavepointOp::Release(my));
                         r.savepoints.truncate(pos);

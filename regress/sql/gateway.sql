@@ -229,10 +229,26 @@ UPSERT INTO settings (k, v) VALUES ('a', '3') RETURNING *;
 UPSERT INTO settings (k) VALUES ('b');
 SELECT * FROM settings ORDER BY k;
 -- REGIONAL BY ROW: the key is found in whichever region holds the row, and the row is
--- overwritten there. A new city that would move it to another region (its region is
--- computed) is refused: PostgreSQL's ON CONFLICT cannot move a row between partitions.
+-- overwritten there; a new city whose (computed) region is another moves it there first,
+-- as in CockroachDB, keeping the columns the UPSERT does not name.
 UPSERT INTO stores (id, city) VALUES (1, 'paris'), (3, 'paris');
-UPSERT INTO stores (id, city) VALUES (1, 'rome');
+ALTER TABLE stores ADD COLUMN note TEXT;
+UPDATE stores SET note = 'kept' WHERE id = 1;
+UPSERT INTO stores (id, city) VALUES (1, 'boston') RETURNING id, city, region;
+SELECT tableoid::regclass AS partition, id, city, region, note FROM stores ORDER BY id;
+UPSERT INTO stores (id, city) VALUES (1, 'rome'), (3, 'boston'), (5, 'lima');
+SELECT tableoid::regclass AS partition, id, city, region, note FROM stores ORDER BY id;
+DELETE FROM stores WHERE id = 5;
+UPDATE stores SET city = 'paris', note = 'here' WHERE id IN (1, 3);
+-- PostgreSQL's forms follow CockroachDB's: DO NOTHING leaves a row of another region alone;
+-- a DO UPDATE that leaves the city alone cannot update it where it is (its computed region
+-- ties the proposed row to another); one that assigns the city moves it.
+INSERT INTO stores (id, city) VALUES (1, 'boston') ON CONFLICT (id) DO NOTHING RETURNING id;
+INSERT INTO stores (id, city) VALUES (1, 'boston') ON CONFLICT (id) DO UPDATE SET note = 'x';
+INSERT INTO stores AS s (id, city) VALUES (1, 'boston') ON CONFLICT (id)
+  DO UPDATE SET city = excluded.city, note = s.note || ', moved' RETURNING id, region, note;
+UPDATE stores SET city = 'paris' WHERE id = 1;
+ALTER TABLE stores DROP COLUMN note;
 SELECT id, city, region FROM stores ORDER BY id;
 UPSERT INTO stores (id, city) VALUES (1, 'paris'), (4, 'lima') RETURNING id, city, region;
 -- A duplicate in its own region names the table's key, as CockroachDB does.
@@ -248,10 +264,18 @@ SELECT crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
 INSERT INTO accounts VALUES (5, 'not eve') ON CONFLICT (id) DO NOTHING;
 INSERT INTO accounts AS a VALUES (5, 'eve') ON CONFLICT (id) DO UPDATE
   SET owner = excluded.owner || ' (was ' || a.owner || ')' RETURNING crdb_region, *;
--- Naming another region for a row that lives elsewhere is refused, never ignored.
-UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-east1', 5, 'moved?');
-UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-west1', 5, 'eve');
-SELECT crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
+-- Naming another region for a row that lives elsewhere moves it there (UPSERT writes every
+-- column it names); PostgreSQL's DO NOTHING and a DO UPDATE that does not assign the region
+-- leave it where it is, as CockroachDB does.
+UPSERT INTO accounts (crdb_region, id, owner) VALUES ('us-east1', 5, 'moved');
+SELECT tableoid::regclass AS partition, crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
+INSERT INTO accounts (crdb_region, id, owner) VALUES ('europe-west1', 5, 'x')
+  ON CONFLICT (id) DO NOTHING;
+INSERT INTO accounts (crdb_region, id, owner) VALUES ('europe-west1', 5, 'eve')
+  ON CONFLICT (id) DO UPDATE SET owner = excluded.owner RETURNING crdb_region, *;
+INSERT INTO accounts (crdb_region, id, owner) VALUES ('us-west1', 5, 'eve')
+  ON CONFLICT (id) DO UPDATE SET crdb_region = excluded.crdb_region RETURNING crdb_region, *;
+SELECT tableoid::regclass AS partition, crdb_region, * FROM accounts WHERE id >= 5 ORDER BY id;
 DELETE FROM accounts WHERE id >= 5;
 -- A UNIQUE index added later is unique across regions, and printed as declared.
 CREATE UNIQUE INDEX ON accounts (owner);

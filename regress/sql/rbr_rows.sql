@@ -74,7 +74,9 @@ DEALLOCATE ups;
 DELETE FROM users WHERE id >= 20;
 -- By the declared key (CockroachDB's ON CONFLICT (id), and its UPSERT): the row is found in
 -- whichever region holds it — here seattle's, leased on node 2, through node 1 — and updated
--- there. Values whose computed region is another one are refused (ON CONFLICT cannot move it).
+-- there. Values whose computed region is another one: DO NOTHING leaves the row alone, a DO
+-- UPDATE that assigns the city moves the row first (at seattle's leaseholder, node 2, into
+-- boston's partition, leased here) and then updates it, one that does not is refused.
 INSERT INTO users AS u VALUES (8, 'seattle', 'fay!'), (31, 'boston', 'new')
   ON CONFLICT (id) DO UPDATE SET name = excluded.name || ' (was ' || u.name || ')' RETURNING *;
 INSERT INTO users VALUES (8, 'seattle', 'x'), (30, 'seattle', 'new') ON CONFLICT (id) DO NOTHING
@@ -82,7 +84,20 @@ INSERT INTO users VALUES (8, 'seattle', 'x'), (30, 'seattle', 'new') ON CONFLICT
 INSERT INTO users AS u VALUES (8, 'boston', 'fay?') ON CONFLICT (id) DO UPDATE
   SET name = excluded.name RETURNING *;
 \echo :SQLSTATE
+INSERT INTO users VALUES (8, 'boston', 'no') ON CONFLICT (id) DO NOTHING RETURNING *;
 SELECT tableoid::regclass AS partition, * FROM users WHERE id IN (8, 30, 31) ORDER BY id;
+INSERT INTO users AS u VALUES (8, 'boston', 'fay'), (30, 'boston', 'new, moved')
+  ON CONFLICT (id) DO UPDATE SET city = excluded.city, name = excluded.name || ' (was ' || u.name || ')'
+  RETURNING *;
+SELECT tableoid::regclass AS partition, * FROM users WHERE id IN (8, 30, 31) ORDER BY id;
+-- Moved back in a transaction that rolls back: nothing moved.
+BEGIN;
+INSERT INTO users VALUES (8, 'seattle', 'fay') ON CONFLICT (id) DO UPDATE SET city = excluded.city;
+SELECT tableoid::regclass AS partition, id, city FROM users WHERE id = 8;
+ROLLBACK;
+SELECT tableoid::regclass AS partition, id, city FROM users WHERE id = 8;
+INSERT INTO users VALUES (8, 'seattle', 'fay') ON CONFLICT (id) DO UPDATE
+  SET city = excluded.city, name = excluded.name;
 DELETE FROM users WHERE id IN (30, 31);
 UPDATE users SET name = lower(substr(name, 1, 3)) WHERE id IN (1, 8);
 -- The column itself cannot be written, as in CockroachDB.

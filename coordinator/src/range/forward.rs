@@ -590,6 +590,19 @@ async fn run_steps(
                 return Err(failed(remote, e));
             }
         }
+        if !st.settings.is_empty() {
+            let (names, values): (Vec<String>, Vec<String>) = st.settings.iter().cloned().unzip();
+            let set = sqlx::query(
+                "SELECT pg_catalog.set_config(k, v, true) FROM unnest($1::text[], $2::text[]) AS s(k, v)",
+            )
+            .bind(names)
+            .bind(values)
+            .execute(&mut *conn)
+            .await;
+            if let Err(e) = set {
+                return Err(failed(remote, e));
+            }
+        }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
         let result = sqlx::query(
             "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",

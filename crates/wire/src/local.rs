@@ -410,6 +410,11 @@ pub struct ForwardStatement {
     /// over several leaseholders); empty: the whole statement.
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// Session settings (of the forwarded ones) whose value at the origin changed since the
+    /// remote transaction last had them: set there, for the transaction, before it runs. A
+    /// function's `SET search_path` clause, say, lasts only for its own statements.
+    #[serde(default)]
+    pub settings: Vec<(String, String)>,
 }
 
 /// A node that does not say whether its part wrote is taken to have written.
