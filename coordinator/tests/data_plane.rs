@@ -3484,3 +3484,85 @@ async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_t
     }
     check_consistency(&nodes[0]);
 }
+
+/// A UNIQUE index added to a REGIONAL BY ROW table through a node that holds no replica of
+/// some partitions (PLACEMENT RESTRICTED) checks the rows of every region, each partition
+/// read where it can be, before it commits: a key held in two regions refuses it with
+/// PostgreSQL's 23505; without one it is created and enforced across regions, through any
+/// node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_partition() {
+    let dir = scratch("data-unique-restricted");
+    let nodes = start_cluster(dir.path(), 68, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    exec(
+        &mut east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
+    )
+    .await;
+    let east_id: i64 = sqlx::query_scalar("SELECT node_id FROM multiregion.node_info()")
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    eventually(
+        "the us-east1 node without a replica of the other partitions",
+        Duration::from_secs(60),
+        || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let holds: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM multiregion.ranges \
+                 WHERE database_name = 'mr' AND table_name = 'accounts' \
+                   AND partition <> 'us-east1' \
+                   AND $1 = ANY (voting_replicas || non_voting_replicas)",
+            )
+            .bind(east_id)
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (holds == 0).then_some(())
+        },
+    )
+    .await;
+    // Every account holds 1000: the same balance in three regions.
+    let create = "CREATE UNIQUE INDEX accounts_balance ON accounts (balance)";
+    let err = sqlx::raw_sql(create).execute(&mut east).await.unwrap_err();
+    assert_eq!(code(&err), "23505", "{err}");
+    assert!(
+        err.to_string()
+            .contains(r#"could not create unique index "accounts_balance""#),
+        "{err}"
+    );
+    let indexes = "SELECT count(*) FROM pg_indexes \
+                   WHERE schemaname = 'public' AND indexname = 'accounts_balance'";
+    let n: i64 = sqlx::query_scalar(indexes)
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "nothing created");
+
+    // Distinct balances (written at each partition's leaseholder): created, and enforced
+    // through the us-west1 node against the us-east1 row.
+    exec(&mut east, "UPDATE accounts SET balance = id * 10").await;
+    exec(&mut east, create).await;
+    for n in &nodes {
+        eventually("the index everywhere", Duration::from_secs(30), || async {
+            let mut c = connect(n, "mr").await?;
+            let k: i64 = sqlx::query_scalar(indexes).fetch_one(&mut c).await.ok()?;
+            (k == 1).then_some(())
+        })
+        .await;
+    }
+    let err = sqlx::raw_sql("INSERT INTO accounts (id, balance) VALUES (22, 10)")
+        .execute(&mut west)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "23505", "{err}");
+    exec(
+        &mut west,
+        "INSERT INTO accounts (id, balance) VALUES (22, 220)",
+    )
+    .await;
+    check_consistency(&nodes[0]);
+}

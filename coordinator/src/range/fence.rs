@@ -165,7 +165,7 @@ impl Ranges {
         let mut after = Vec::with_capacity(ranges.len());
         for &range_id in ranges {
             let index = loop {
-                let read = match self.group(range_id) {
+                let read = match self.listed_group(range_id) {
                     Some(g) => self.read_index(&g).await,
                     None => self.leaseholder_read_index(database, range_id).await,
                 };
@@ -175,7 +175,7 @@ impl Ranges {
                     Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             };
-            if let Some(g) = self.group(range_id) {
+            if let Some(g) = self.listed_group(range_id) {
                 if !g.applied_by(index, applied_deadline).await {
                     return Err(WriteError::Retryable(format!(
                         "this node has not applied range {range_id} up to entry {index} before a schema change of its table"
@@ -268,7 +268,7 @@ impl Ranges {
     pub async fn await_fenced(&self, database: &str, version: u64, fenced: &[Fenced]) {
         let deadline = Instant::now() + AWAIT_FENCED;
         for (range_id, index) in fenced.iter().flat_map(|f| f.after.iter().copied()) {
-            let Some(g) = self.group(range_id) else {
+            let Some(g) = self.listed_group(range_id) else {
                 continue;
             };
             if !g.applied_by(index, deadline).await {

@@ -418,6 +418,17 @@ impl Ranges {
             .cloned()
     }
 
+    /// The group of a replica this node holds: one the range's descriptor lists here. A
+    /// replica the descriptor no longer lists keeps its group a while (a quick re-add finds
+    /// its log), but follows no leader any more: nothing to read or wait on.
+    pub fn listed_group(&self, range_id: u64) -> Option<Arc<Group>> {
+        let listed = self.meta.read(|s| {
+            s.range(range_id)
+                .is_some_and(|d| d.replicas.iter().any(|x| x.node_id == self.me))
+        });
+        listed.then(|| self.group(range_id)).flatten()
+    }
+
     /// The groups this node runs, by range id.
     pub fn groups(&self) -> Vec<Arc<Group>> {
         self.groups
@@ -1196,17 +1207,9 @@ impl Ranges {
         if !enabled {
             return Ok(false);
         }
-        // A replica the descriptor no longer lists keeps its group a while (a quick re-add
-        // finds its log): it follows no leader any more, so it is not this node's to wait on.
-        let listed = |r: u64| {
-            self.meta.read(|s| {
-                s.range(r)
-                    .is_some_and(|d| d.replicas.iter().any(|x| x.node_id == self.me))
-            })
-        };
         let ranges: Vec<_> = ranges
             .into_iter()
-            .filter(|&(r, _)| !local_only || (self.group(r).is_some() && listed(r)))
+            .filter(|&(r, _)| !local_only || self.listed_group(r).is_some())
             .collect();
         self.barrier(ranges).await?;
         Ok(true)
@@ -1287,7 +1290,7 @@ impl Ranges {
         }
         // The leaseholder as this node's own replica sees it is fresher than the meta group's
         // record, which its leader writes after winning an election.
-        let holder = |range_id: u64, recorded: Option<u64>| match self.group(range_id) {
+        let holder = |range_id: u64, recorded: Option<u64>| match self.listed_group(range_id) {
             Some(g) => g.raft.metrics().borrow().current_leader.or(recorded),
             None => recorded,
         };
@@ -1330,7 +1333,7 @@ impl Ranges {
             // the partitions an INSERT merely routes rows into.
             if let Some(&(range_id, h)) = ranges
                 .iter()
-                .find(|&&(r, _)| !expanded.contains(&r) && self.group(r).is_none())
+                .find(|&&(r, _)| !expanded.contains(&r) && self.listed_group(r).is_none())
             {
                 return Err(WriteError::Unsupported {
                     message: format!(
@@ -1360,7 +1363,7 @@ impl Ranges {
                 ..here(true)
             });
         }
-        if ranges.iter().all(|&(r, _)| self.group(r).is_some()) {
+        if ranges.iter().all(|&(r, _)| self.listed_group(r).is_some()) {
             self.barrier(read).await?;
             return Ok(here(true));
         }
@@ -1384,7 +1387,7 @@ impl Ranges {
             _ => {
                 let (range_id, h) = ranges
                     .iter()
-                    .find(|&&(r, _)| self.group(r).is_none())
+                    .find(|&&(r, _)| self.listed_group(r).is_none())
                     .copied()
                     .expect("some range has no replica here");
                 Err(WriteError::Unsupported {

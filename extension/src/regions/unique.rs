@@ -265,11 +265,13 @@ fn index_exists(key: &AddedKey) -> bool {
 }
 
 /// Whether `key`'s columns are unique across the table's rows (keys with a NULL part aside),
-/// read in this node's copy of every partition: after the statement's fence (`fence.rs`)
-/// stopped writers at the leaseholders and this node applied what they wrote before, that
-/// copy is whole — where this node holds a replica of each partition, which is asked first
-/// (a read here would otherwise go to the leaseholders, and one of them already holds this
-/// transaction's lock: a read over several of them cannot be served).
+/// after the statement's fence (`fence.rs`) stopped writers at the leaseholders. Where this
+/// node holds a replica of every partition, read in its copies, which it has by then applied
+/// whole (one GROUP BY; a read here would otherwise go to the leaseholders, and a read over
+/// several of them cannot be served in a transaction already holding locks there). Elsewhere
+/// (PLACEMENT RESTRICTED, more nodes than replicas) each partition is read where it can be —
+/// one statement per region, as `multiregion.conflict_region` does — and the keys compared
+/// here.
 fn check_unique(key: &AddedKey) -> Result<(), MrError> {
     let (schema, table) = names(key.relid);
     let database = catalog::database_name();
@@ -287,17 +289,60 @@ fn check_unique(key: &AddedKey) -> Result<(), MrError> {
         false,
         false,
         vec![],
-    )?;
-    if route.enabled && (route.forward_to.is_some() || !route.split.is_empty()) {
-        return Err(MrError::WriteNotServed {
-            message: format!(
-                "cannot check the rows of {} for keys repeated across regions on this node: it holds no replica of every partition",
-                super::relname(key.relid)
-            ),
-            hint: "Run the statement on a node that holds a replica of each of the table's ranges (multiregion.ranges), or declare the key before the table is made REGIONAL BY ROW.".into(),
-        });
+    );
+    // Not here: leased elsewhere, split, or refused (no node holds a copy of each).
+    match route {
+        Ok(r) if !r.enabled || (r.forward_to.is_none() && r.split.is_empty()) => {
+            crate::routing::read_locally(|| duplicate(key))
+        }
+        _ => duplicate_by_region(key),
     }
-    crate::routing::read_locally(|| duplicate(key))
+}
+
+/// [`duplicate`], one region's partition at a time: its keys come here (as JSON arrays, so
+/// values compare exactly) and meet every other region's. Holds the table's keys in memory.
+fn duplicate_by_region(key: &AddedKey) -> Result<(), MrError> {
+    let cols: Vec<String> = key.columns.iter().map(|c| spi::ident(c)).collect();
+    let not_null: Vec<String> = cols.iter().map(|c| format!("{c} IS NOT NULL")).collect();
+    let values: Vec<String> = cols.iter().map(|c| format!("{c}::text")).collect();
+    let regions = spi::read_rows(
+        "SELECT r::text FROM multiregion.database_config c, unnest(c.regions) r ORDER BY 1",
+        vec![],
+    );
+    let mut seen = std::collections::HashSet::new();
+    for region in regions
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+    {
+        let rows = spi::read_rows(
+            &format!(
+                "SELECT pg_catalog.jsonb_build_array({})::text, pg_catalog.concat_ws(', ', {}) \
+                   FROM {} WHERE {} = {} AND {}",
+                cols.join(", "),
+                values.join(", "),
+                super::relname(key.relid),
+                spi::ident(&key.region_column),
+                spi::lit(&region),
+                not_null.join(" AND ")
+            ),
+            vec![],
+        );
+        for row in rows {
+            let mut row = row.into_iter();
+            let exact = row.next().flatten().unwrap_or_default();
+            if !seen.insert(exact) {
+                return Err(MrError::DuplicateKey {
+                    index: key.name.clone(),
+                    key: format!(
+                        "({})=({})",
+                        key.columns.join(", "),
+                        row.next().flatten().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Fences `relid` and checks that `columns` are unique across its rows, for a key named
