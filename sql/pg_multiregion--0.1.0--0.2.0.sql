@@ -233,3 +233,37 @@ BEGIN
     END LOOP;
 END
 $fn$;
+
+-- pgmr, once this node no longer holds a replica of a range whose table keeps its layout
+-- (the replica moved to another node): the copy's rows go, with the applier's cursor. Reads
+-- go to the replicas, but a schema change's checks and rewrites on this node would meet the
+-- copy's rows as they were when it left (rows deleted or moved since, keys repeated: an
+-- applier refusing a change the replicas accept). Removed as the applier removes rows
+-- (nothing captured; a key table keeps its own range's rows). A partition that is no longer
+-- one, or a table that is now partitioned, is left alone: its layout changed.
+CREATE FUNCTION multiregion.drop_range_copy(p_range bigint, p_schema text, p_table text,
+                                            p_partition text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := pg_catalog.to_regclass(format('%I.%I', p_schema, p_table));
+BEGIN
+    DELETE FROM multiregion.range_state WHERE range_id = p_range;
+    IF v_rel IS NULL THEN
+        RETURN;
+    END IF;
+    IF p_partition IS NULL THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
+            RETURN;
+        END IF;
+    ELSE
+        v_rel := multiregion.range_leaf(p_schema, p_table, p_partition);
+        IF v_rel IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    EXECUTE format('DELETE FROM %s', v_rel);
+    PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+END
+$fn$;
+REVOKE EXECUTE ON FUNCTION multiregion.drop_range_copy(bigint, text, text, text) FROM PUBLIC;

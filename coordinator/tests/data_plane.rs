@@ -3373,9 +3373,8 @@ async fn foreign_keys_between_tables_computing_the_region_alike_are_checked_in_t
 /// DROP REGION is refused where it is typed while the region's partitions hold rows, even on
 /// a node that holds no replica of them (PLACEMENT RESTRICTED keeps every replica in its
 /// region): the check asks each partition's leaseholder, so no node is left unable to apply a
-/// committed change and no row is dropped with its partition. A node's copy of a partition it
-/// no longer holds keeps rows deleted since; once the leaseholder has none the region drops
-/// everywhere, those nodes included.
+/// committed change and no row is dropped with its partition. Once the leaseholder has none
+/// the region drops everywhere, the nodes that left its partition included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_them() {
     let dir = scratch("data-drop-region");
@@ -3489,7 +3488,7 @@ async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_t
 /// some partitions (PLACEMENT RESTRICTED) checks the rows of every region, each partition
 /// read where it can be, before it commits: a key held in two regions refuses it with
 /// PostgreSQL's 23505; without one it is created and enforced across regions, through any
-/// node.
+/// node. The copies of the partitions that node left are emptied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_partition() {
     let dir = scratch("data-unique-restricted");
@@ -3525,6 +3524,31 @@ async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_p
         },
     )
     .await;
+    // Its copies of the partitions it left are emptied (they would only age: reads go to
+    // the replicas, and a schema change applied here would meet rows deleted since).
+    eventually(
+        "the us-east1 node's copies of the other partitions emptied",
+        Duration::from_secs(60),
+        || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let left: i64 = sqlx::query_scalar(
+                "SELECT multiregion.count_local('SELECT count(*) FROM accounts_us_west1', '{}') \
+                      + multiregion.count_local('SELECT count(*) FROM accounts_europe_west1', '{}')",
+            )
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    let kept: i64 = sqlx::query_scalar(
+        "SELECT multiregion.count_local('SELECT count(*) FROM accounts_us_east1', '{}')",
+    )
+    .fetch_one(&mut east)
+    .await
+    .unwrap();
+    assert_eq!(kept, 1, "the partition it still holds keeps its row");
     // Every account holds 1000: the same balance in three regions.
     let create = "CREATE UNIQUE INDEX accounts_balance ON accounts (balance)";
     let err = sqlx::raw_sql(create).execute(&mut east).await.unwrap_err();

@@ -1343,6 +1343,39 @@ RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
         SET applied_index = greatest(multiregion.range_state.applied_index, excluded.applied_index),
             skip = pg_catalog.array_remove(multiregion.range_state.skip, excluded.applied_index);
 $fn$;
+-- pgmr, once this node no longer holds a replica of a range whose table keeps its layout
+-- (the replica moved to another node): the copy's rows go, with the applier's cursor. Reads
+-- go to the replicas, but a schema change's checks and rewrites on this node would meet the
+-- copy's rows as they were when it left (rows deleted or moved since, keys repeated: an
+-- applier refusing a change the replicas accept). Removed as the applier removes rows
+-- (nothing captured; a key table keeps its own range's rows). A partition that is no longer
+-- one, or a table that is now partitioned, is left alone: its layout changed.
+CREATE FUNCTION multiregion.drop_range_copy(p_range bigint, p_schema text, p_table text,
+                                            p_partition text)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := pg_catalog.to_regclass(format('%I.%I', p_schema, p_table));
+BEGIN
+    DELETE FROM multiregion.range_state WHERE range_id = p_range;
+    IF v_rel IS NULL THEN
+        RETURN;
+    END IF;
+    IF p_partition IS NULL THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = v_rel) THEN
+            RETURN;
+        END IF;
+    ELSE
+        v_rel := multiregion.range_leaf(p_schema, p_table, p_partition);
+        IF v_rel IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    EXECUTE format('DELETE FROM %s', v_rel);
+    PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+END
+$fn$;
+
 REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jsonb),
     multiregion.apply_inserts(text, text, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
@@ -1352,7 +1385,8 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jso
     multiregion.range_relation(text, text, text),
     multiregion.begin_range_install(bigint, text, text, text, bigint, bigint, bigint[]),
     multiregion.install_range_rows(text, text, text, jsonb),
-    multiregion.finish_range_install(text, text, text) FROM PUBLIC;
+    multiregion.finish_range_install(text, text, text),
+    multiregion.drop_range_copy(bigint, text, text, text) FROM PUBLIC;
 "#,
     name = "replication",
     requires = [capture, "catalog"]

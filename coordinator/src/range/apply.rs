@@ -353,22 +353,45 @@ fn advance(
     .boxed()
 }
 
-/// This node no longer holds `range_id`: forget its cursor, so that a later replica here
-/// replays the range's log from its start. (Its rows are left; replay is idempotent per
-/// key.)
-pub async fn forget(pg_cfg: &PgConfig, pg: &PgState, database: &str, range_id: u64) {
+/// This node no longer holds `g`'s range: forget its applier's cursor (a later replica here
+/// starts from a snapshot: every range's log is purged up to one before anyone joins), and
+/// with `moved_away` (the range's descriptor, which no longer lists this node) the copy's
+/// rows too (`multiregion.drop_range_copy`).
+pub async fn forget(
+    pg_cfg: &PgConfig,
+    pg: &PgState,
+    g: &Group,
+    moved_away: Option<&mr_meta::RangeDescriptor>,
+) {
     if pg.ready_pid().is_none() {
         return;
     }
     let Ok(mut c) = pg_cfg
-        .connect_options(database)
+        .connect_options(&g.table.database)
         .application_name(APPLICATION_NAME)
         .connect()
         .await
     else {
         return;
     };
-    let _ = forget_cursor(&mut c, range_id).await;
+    let forgotten = if let Some(d) = moved_away {
+        sqlx::query("SELECT multiregion.drop_range_copy($1, $2, $3, $4)")
+            .bind(g.range_id as i64)
+            .bind(&d.table.schema)
+            .bind(&d.table.table)
+            .bind(&d.partition)
+            .execute(&mut c)
+            .await
+            .map(drop)
+    } else {
+        forget_cursor(&mut c, g.range_id).await
+    };
+    if let Err(e) = forgotten {
+        tracing::warn!(
+            range_id = g.range_id,
+            "could not forget this node's copy of the range: {e}"
+        );
+    }
     let _ = c.close().await;
 }
 

@@ -552,7 +552,15 @@ impl Ranges {
             g.stop.cancel();
             let _ = g.raft.shutdown().await;
             store::remove_range(&self.db, &self.dir, g.range_id)?;
-            apply::forget(&self.pg_cfg, &self.pg, &g.table.database, g.range_id).await;
+            // The replica moved away, the table's layout unchanged: its copy here would only
+            // age. (A range gone with its layout — a conversion, a drop — leaves the copy to
+            // the schema change that replaced it.)
+            let moved_away = all.get(&g.range_id).filter(|gone| {
+                !mine
+                    .iter()
+                    .any(|d| d.table == gone.table && d.partition == gone.partition)
+            });
+            apply::forget(&self.pg_cfg, &self.pg, &g, moved_away).await;
         }
         for d in &mine {
             match self.group(d.range_id) {
