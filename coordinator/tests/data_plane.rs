@@ -3590,3 +3590,65 @@ async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_p
     .await;
     check_consistency(&nodes[0]);
 }
+
+/// DROP REGION fences the REGIONAL BY ROW tables at their leaseholders where it is typed: a
+/// row written into the region at its partition's leaseholder while the change is open waits
+/// for it, and is refused once it commits, instead of being acknowledged into a partition the
+/// change drops (and every node with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_written_into_a_region_being_dropped_waits_and_is_refused() {
+    let dir = scratch("data-drop-region-fence");
+    let nodes = start_cluster(dir.path(), 69, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    regional_bank(&nodes, 1).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east,
+        "DELETE FROM accounts WHERE crdb_region = 'us-west1'",
+    )
+    .await;
+    exec(&mut east, "BEGIN").await;
+    exec(
+        &mut east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr DROP REGION "us-west1"')"#,
+    )
+    .await;
+    // Written through the us-west1 node, the partition's leaseholder.
+    let west_port = nodes[1].pg_port;
+    let writer = tokio::spawn(async move {
+        let mut west = try_connect_db(west_port, "mr").await;
+        sqlx::query("INSERT INTO accounts (crdb_region, id, balance) VALUES ('us-west1', 99, 1)")
+            .execute(&mut west)
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    exec(&mut east, "COMMIT").await;
+    let written = writer.await.unwrap();
+    assert!(
+        written.is_err(),
+        "a row acknowledged into the dropped region"
+    );
+    for n in &nodes {
+        eventually(
+            "the region dropped on every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let (regions, failing, lost): (i64, i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT cardinality(regions)::int8 FROM multiregion.database_regions() \
+                              WHERE database_name = 'mr'), \
+                            (SELECT count(*) FROM multiregion.schema_appliers \
+                              WHERE failed_version IS NOT NULL), \
+                            multiregion.count_local('SELECT count(*) FROM accounts WHERE id = 99', '{}')",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                assert_eq!(lost, 0, "node {}: the refused row is nowhere", n.pg_port);
+                (regions == 2 && failing == 0).then_some(())
+            },
+        )
+        .await;
+    }
+    check_consistency(&nodes[0]);
+}

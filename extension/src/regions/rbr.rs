@@ -52,8 +52,8 @@ pub(crate) fn partition_of(parent: Oid, region: &str) -> Option<String> {
 }
 
 /// Refuses to drop `region` while a REGIONAL BY ROW table has rows in it; from here to the
-/// end of the transaction no row can take the region here (the tables are locked against
-/// writes). With `at_leaseholders` (the node where the statement was typed) each partition
+/// end of the transaction no row can take the region (the tables are locked against writes
+/// here, and fenced at their leaseholders where the statement was typed). With `at_leaseholders` (the node where the statement was typed) each partition
 /// is read at its range's leaseholder: placement gives a node only some ranges, so its copy
 /// of the others may lack rows (and every node that holds them would refuse the change after
 /// it committed) or keep rows deleted since. With rows replicated, an applier of the
@@ -62,10 +62,18 @@ pub(crate) fn partition_of(parent: Oid, region: &str) -> Option<String> {
 /// Without replication each node's rows are its own, and each checks them.
 pub fn check_region_unused(region: &str, at_leaseholders: bool) -> Result<(), MrError> {
     let database = catalog::database_name();
-    let checked_where_typed = !at_leaseholders
-        && crate::gucs::sidecar_socket().is_some()
+    let replicated = crate::gucs::sidecar_socket().is_some()
         && crate::sidecar::replication_enabled().unwrap_or(false);
-    for (relid, name, _) in catalog::rbr_tables() {
+    let checked_where_typed = !at_leaseholders && replicated;
+    let tables = catalog::rbr_tables();
+    if at_leaseholders && replicated {
+        // Writers of the tables are stopped at the leaseholders until the change commits
+        // (and, once told of it, refuse rows written under the old schema), and every node
+        // applies the rows written before it first: no row can reach the region's
+        // partitions between this check and their drop.
+        super::fence::fence_tables(tables.iter().map(|(relid, _, _)| *relid).collect())?;
+    }
+    for (relid, name, _) in tables {
         run(&format!("LOCK TABLE {name} IN SHARE MODE"));
         if checked_where_typed {
             continue;
