@@ -355,6 +355,22 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
         p50_p99(moves),
         "189 ms (the moved row's INSERT there, prepare, commit: three round trips of 63 ms)",
     );
+    // The same moves by an upsert by the declared key that names the region (CockroachDB's
+    // UPSERT with crdb_region): the row is found, moved by an UPDATE, then upserted.
+    let mut upsert_moves = Vec::new();
+    for i in 0..25 {
+        let to = if i % 2 == 0 { "us-east1" } else { "us-west1" };
+        let sql = format!(
+            "INSERT INTO rbr (crdb_region, k, v) VALUES ('{to}', 2, {i}) ON CONFLICT (k) \
+             DO UPDATE SET crdb_region = excluded.crdb_region, v = excluded.v"
+        );
+        upsert_moves.extend(latencies_text(&mut e, &sql, 1).await);
+    }
+    row(
+        "same moves by an upsert by k alone naming the region (DO UPDATE SET crdb_region = excluded.crdb_region)",
+        p50_p99(upsert_moves),
+        "the lookup in the other regions' partitions (up to 2 × 63 ms), then the moving UPDATE and the row written after it, prepare, commit",
+    );
     // Keys unique across regions, taken in us-west1 through its leaseholder: an int key goes
     // to its key table, leased in us-east1; a gen_random_uuid() key needs none.
     exec(

@@ -3484,13 +3484,16 @@ async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_t
     check_consistency(&nodes[0]);
 }
 
-/// A UNIQUE index added to a REGIONAL BY ROW table through a node that holds no replica of
-/// some partitions (PLACEMENT RESTRICTED) checks the rows of every region, each partition
-/// read where it can be, before it commits: a key held in two regions refuses it with
-/// PostgreSQL's 23505; without one it is created and enforced across regions, through any
-/// node. The copies of the partitions that node left are emptied.
+/// Schema changes that check rows, typed on a node that holds no replica of some partitions
+/// (PLACEMENT RESTRICTED), check the rows of every region before they commit. A UNIQUE index
+/// on a REGIONAL BY ROW table reads each partition where it can be: a key held in two
+/// regions refuses it with PostgreSQL's 23505; without one it is created and enforced across
+/// regions, through any node. A CHECK constraint is tried at the leaseholders of the
+/// partitions that node lacks: a row there that violates it refuses it with PostgreSQL's
+/// 23514 (it passed on that node's empty copy, and failed on the holder's applier after
+/// the commit). The copies of the partitions that node left are emptied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_partition() {
+async fn schema_changes_that_check_rows_check_every_region_through_a_node_without_them() {
     let dir = scratch("data-unique-restricted");
     let nodes = start_cluster(dir.path(), 68, WAN, &[EAST_B, WEST_A, EU_B]).await;
     regional_bank(&nodes, 1).await;
@@ -3588,6 +3591,40 @@ async fn a_unique_index_is_checked_across_regions_through_a_node_without_every_p
         "INSERT INTO accounts (id, balance) VALUES (22, 220)",
     )
     .await;
+
+    // Account 22 (us-west1, 220) breaks the constraint; this node holds none of its rows.
+    let err = sqlx::raw_sql("ALTER TABLE accounts ADD CONSTRAINT small CHECK (balance < 100)")
+        .execute(&mut east)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "23514", "{err}");
+    assert!(err.to_string().contains("is violated by some row"), "{err}");
+    exec(
+        &mut east,
+        "ALTER TABLE accounts ADD CONSTRAINT small CHECK (balance < 1000)",
+    )
+    .await;
+    for n in &nodes {
+        eventually(
+            "the constraint everywhere, no applier failing",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                let (k, failing): (i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM pg_constraint WHERE conname = 'small' \
+                              AND conrelid = 'accounts'::regclass), \
+                            (SELECT count(*) FROM multiregion.schema_appliers \
+                              WHERE failed_version IS NOT NULL)",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+                assert_eq!(failing, 0, "node {}: an applier failed", n.pg_port);
+                (k == 1).then_some(())
+            },
+        )
+        .await;
+    }
     check_consistency(&nodes[0]);
 }
 

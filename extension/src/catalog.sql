@@ -311,6 +311,24 @@ BEGIN
 END
 $fn$;
 
+-- A schema change that checks rows, run here for the node where it was typed, which holds no
+-- replica of some of the table's ranges this node leases (fence.rs, `validate_elsewhere`):
+-- run as the caller, with the origin's search path, and rolled back whatever it does. Its
+-- error, if it fails here, fails the change there before it commits. (The statement is not
+-- top level here: nothing of it is replicated or fenced again.)
+CREATE FUNCTION multiregion.validate_ddl(p_sql text, p_search_path text)
+RETURNS void LANGUAGE plpgsql AS $fn$
+BEGIN
+    BEGIN
+        PERFORM pg_catalog.set_config('search_path', p_search_path, true);
+        EXECUTE p_sql;
+        RAISE EXCEPTION 'rolled back' USING ERRCODE = 'MR000';
+    EXCEPTION WHEN SQLSTATE 'MR000' THEN
+        NULL;
+    END;
+END
+$fn$;
+
 -- A dropped table takes its locality, its global keys and their key tables with it (on every
 -- node: the DROP is replicated, and each node's trigger cleans up its own catalog); so does a
 -- dropped unique index or constraint its global key, key table and triggers. A key table

@@ -155,7 +155,13 @@ unsafe extern "C-unwind" fn process_utility(
     if replicate.is_some() {
         // SAFETY: as above; a change that reshapes replicated tables first locks them
         // against writers at their leaseholders (docs/ARCHITECTURE.md §8.6).
-        unsafe { crate::regions::fence_before_ddl(&*pstmt) };
+        unsafe {
+            let text = match &replicate {
+                Some(crate::regions::Ddl::Text(sql)) => Some(sql.as_str()),
+                _ => None,
+            };
+            crate::regions::fence_before_ddl(&*pstmt, text)
+        };
     }
     // SAFETY: as above; a TRUNCATE waits for new ranges before it locks their tables, and
     // one of tables another node leases runs there.

@@ -141,6 +141,8 @@ impl Ranges {
                         partition: r.partition.clone(),
                         leaseholder,
                         here: leaseholder == Some(self.me),
+                        held: r.replicas.iter().any(|x| x.node_id == self.me)
+                            && self.group(r.range_id).is_some(),
                     }
                 })
                 .collect();

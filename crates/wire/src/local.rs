@@ -543,6 +543,10 @@ pub struct TableRange {
     pub leaseholder: Option<u64>,
     /// The leaseholder is this node.
     pub here: bool,
+    /// This node holds a replica the range's descriptor lists: its copy is whole once the
+    /// fence barrier passed. Elsewhere the copy holds nothing of the range.
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// Where a range's statements run, as `Route` answers.

@@ -32,7 +32,7 @@ thread_local! {
 /// # Safety
 /// `pstmt` is the PlannedStmt PostgreSQL is about to run.
 #[allow(unsafe_code)]
-pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt) {
+pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt, text: Option<&str>) {
     if gucs::sidecar_socket().is_none() || replication::known_off() {
         return;
     }
@@ -41,7 +41,99 @@ pub(crate) unsafe fn before_ddl(pstmt: &pg_sys::PlannedStmt) {
     if relids.is_empty() {
         return;
     }
-    fence(relids).or_raise();
+    fence(relids.clone()).or_raise();
+    // SAFETY: the caller's contract.
+    if let Some(sql) = text.filter(|_| unsafe { checks_rows(pstmt) }) {
+        validate_elsewhere(relids, sql).or_raise();
+    }
+}
+
+/// Whether the statement checks the table's rows as it runs, and so could fail on a node
+/// whose copy holds rows this one lacks: an ALTER TABLE that adds or validates a constraint,
+/// sets NOT NULL, changes a column's type or adds a column with constraints; a unique index.
+///
+/// # Safety
+/// `pstmt` is a valid PlannedStmt.
+#[allow(unsafe_code)]
+unsafe fn checks_rows(pstmt: &pg_sys::PlannedStmt) -> bool {
+    use pg_sys::AlterTableType::*;
+    use pg_sys::NodeTag::*;
+    let node = pstmt.utilityStmt;
+    // SAFETY: each cast follows the node's own tag; the lists are the statement's own.
+    unsafe {
+        if node.is_null() {
+            return false;
+        }
+        match (*node).type_ {
+            T_IndexStmt => (*(node as *mut pg_sys::IndexStmt)).unique,
+            T_AlterTableStmt => super::replicate::list_ptrs(
+                (*(node as *mut pg_sys::AlterTableStmt)).cmds,
+            )
+            .any(|cmd| {
+                let cmd = &*(cmd as *mut pg_sys::AlterTableCmd);
+                let checking = [
+                    AT_AddConstraint,
+                    AT_ValidateConstraint,
+                    AT_SetNotNull,
+                    AT_AlterColumnType,
+                    AT_AddIndex,
+                    AT_AddIndexConstraint,
+                ];
+                let def = cmd.def;
+                checking.contains(&cmd.subtype)
+                    || (cmd.subtype == AT_AddColumn
+                        && !def.is_null()
+                        && (*def).type_ == T_ColumnDef
+                        && {
+                            let col = &*(def as *mut pg_sys::ColumnDef);
+                            col.is_not_null || !col.constraints.is_null()
+                        })
+            }),
+            _ => false,
+        }
+    }
+}
+
+/// A schema change that checks rows, typed on a node that holds no replica of some of the
+/// tables' ranges (PLACEMENT RESTRICTED, more nodes than replicas): its copy of those holds
+/// nothing, so the statement would pass here and fail on the nodes that hold them, after it
+/// committed. It is first run at each such range's leaseholder, in this transaction's
+/// session there (which holds the fence's lock), and rolled back
+/// (`multiregion.validate_ddl`): its error, if any, is PostgreSQL's there, before anything
+/// commits.
+fn validate_elsewhere(relids: Vec<pg_sys::Oid>, sql: &str) -> Result<(), MrError> {
+    let database = catalog::database_name();
+    let names: Vec<TableRef> = replicated_tables(&database, relids)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let Some(ranges) = sidecar::table_ranges(database, names)? else {
+        return Ok(());
+    };
+    let mut nodes: Vec<u64> = Vec::new();
+    for r in ranges.iter().filter(|r| !r.held && !r.here) {
+        let Some(node) = r.leaseholder else {
+            return Err(MrError::Retryable(format!(
+                "range {} of table {}.{} has no leaseholder to check the schema change's rows",
+                r.range_id, r.table.schema, r.table.table
+            )));
+        };
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+    }
+    let search_path = spi::read_one("SELECT pg_catalog.current_setting('search_path')", vec![]);
+    for node in nodes {
+        routing::run_on(
+            node,
+            "SELECT multiregion.validate_ddl($1, $2)",
+            vec![Some(sql.to_string()), search_path.clone()],
+        )?;
+    }
+    Ok(())
 }
 
 /// Fences `relids` for a change made inside the extension's own statements (run through SPI,

@@ -37,7 +37,7 @@ pub(crate) use fence::before_truncate as await_ranges_before_truncate;
 pub(crate) use guard::refuse_region_type_change;
 pub(crate) use replicate::{
     database_ddl, database_ddl_done, foreign_keys_to_key_tables, replicate_ddl, replicated_ddl,
-    trusting_foreign_keys,
+    trusting_foreign_keys, Ddl,
 };
 pub(crate) use unique::{
     check_keys as check_added_unique_keys, create_key_tables as create_added_key_tables,
