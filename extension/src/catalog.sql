@@ -329,6 +329,50 @@ BEGIN
 END
 $fn$;
 
+-- TRUNCATE of one partition of a REGIONAL BY ROW table (fence.rs): each of its rows' keys
+-- unique across regions is released, as its DELETE would release it — at the key table's
+-- leaseholder after the statement with row replication on, here otherwise (a key of this
+-- partition is held by no other). Does nothing for any other relation.
+CREATE FUNCTION multiregion.release_partition_keys(p_partition regclass) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parent regclass;
+    v_key_table regclass;
+    v_constraint text;
+    v_cols name[];
+    v_pairs text;
+    v_match text;
+    v_key jsonb;
+BEGIN
+    SELECT i.inhparent INTO v_parent FROM pg_catalog.pg_inherits i
+      JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhrelid = p_partition AND c.relispartition;
+    IF v_parent IS NULL THEN
+        RETURN;
+    END IF;
+    FOR v_key_table, v_constraint, v_cols IN
+        SELECT g.key_table, g.constraint_name, g.columns FROM multiregion.global_key g
+         WHERE g.relid = v_parent
+    LOOP
+        SELECT string_agg(format('%L, t.%I', c, c), ', '),
+               string_agg(format('t.%I IS NOT NULL', c), ' AND ')
+          INTO v_pairs, v_match FROM unnest(v_cols) c;
+        FOR v_key IN EXECUTE format('SELECT jsonb_build_object(%s) FROM %s t WHERE %s',
+                                    v_pairs, p_partition, v_match)
+        LOOP
+            IF NOT multiregion.record_key_change(v_key_table, v_parent, v_constraint, v_key, NULL) THEN
+                EXECUTE format('DELETE FROM %s k WHERE (%s) = (SELECT %s FROM jsonb_populate_record(NULL::%s, $1) r)',
+                               v_key_table,
+                               (SELECT string_agg(format('k.%I', c), ', ') FROM unnest(v_cols) c),
+                               (SELECT string_agg(format('r.%I', c), ', ') FROM unnest(v_cols) c),
+                               v_key_table)
+                    USING v_key;
+            END IF;
+        END LOOP;
+    END LOOP;
+END
+$fn$;
+
 -- A dropped table takes its locality, its global keys and their key tables with it (on every
 -- node: the DROP is replicated, and each node's trigger cleans up its own catalog); so does a
 -- dropped unique index or constraint its global key, key table and triggers. A key table

@@ -175,6 +175,8 @@ unsafe extern "C-unwind" fn process_utility(
         }
         return;
     }
+    // SAFETY: as above; a partition truncated by itself releases its rows' global keys.
+    unsafe { crate::regions::release_truncated_partition_keys(&*pstmt) };
     // SAFETY: as above; a COPY FREEZE whose rows all go to another node drops the FREEZE,
     // and another node's schema change adds foreign keys without checking this node's rows.
     let pstmt = unsafe { crate::routing::without_copy_freeze(pstmt) };

@@ -194,3 +194,14 @@ SELECT constraint_name FROM multiregion.global_key WHERE relid = 'members'::regc
 DROP INDEX members_mail;
 SELECT pg_catalog.to_regclass('multiregion_keys.members_members_email') AS dropped;
 INSERT INTO members VALUES (14, 'a@x', 'm', 'us-east1');
+-- A partition truncated by itself releases its rows' keys: the key is free in every region.
+CREATE TABLE tickets (id int PRIMARY KEY, v text);
+SELECT multiregion.set_locality('tickets', 'REGIONAL BY ROW');
+INSERT INTO tickets (crdb_region, id, v) VALUES ('us-west1', 1, 'a'), ('us-east1', 2, 'b');
+TRUNCATE tickets_us_west1;
+INSERT INTO tickets (crdb_region, id, v) VALUES ('us-east1', 1, 'c');
+INSERT INTO tickets (crdb_region, id, v) VALUES ('us-west1', 2, 'd');
+\echo :SQLSTATE
+SELECT crdb_region, * FROM tickets ORDER BY id;
+SELECT id FROM multiregion_keys.tickets ORDER BY 1;
+DROP TABLE tickets;

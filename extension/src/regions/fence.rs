@@ -136,6 +136,38 @@ fn validate_elsewhere(relids: Vec<pg_sys::Oid>, sql: &str) -> Result<(), MrError
     Ok(())
 }
 
+/// Before a TRUNCATE runs here: a REGIONAL BY ROW table's partition truncated by itself
+/// releases its rows' keys unique across regions (`multiregion.release_partition_keys`),
+/// which a TRUNCATE of the table releases by its own trigger. PostgreSQL fires no row
+/// trigger for a TRUNCATE, and the parent's statement trigger not for a partition's: the
+/// keys stayed taken, and the same key was refused (23505) in every region afterwards.
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn release_truncated_partition_keys(pstmt: &pg_sys::PlannedStmt) {
+    let node = pstmt.utilityStmt;
+    // SAFETY: the utility statement of a valid PlannedStmt, its tag read before the cast; an
+    // applier (replica mode) writes this node's copy, and key tables keep their own rows.
+    unsafe {
+        if node.is_null()
+            || (*node).type_ != pg_sys::NodeTag::T_TruncateStmt
+            || pg_sys::SessionReplicationRole == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+        {
+            return;
+        }
+        let stmt = &*(node as *mut pg_sys::TruncateStmt);
+        for rv in super::replicate::list_ptrs(stmt.relations) {
+            if let Some(relid) = catalog::relid_of(rv as *mut pg_sys::RangeVar) {
+                spi::run_with(
+                    "SELECT multiregion.release_partition_keys($1::pg_catalog.oid::pg_catalog.regclass)",
+                    vec![relid.into()],
+                );
+            }
+        }
+    }
+}
+
 /// Fences `relids` for a change made inside the extension's own statements (run through SPI,
 /// where [`before_ddl`] does not see them): a unique key added to a REGIONAL BY ROW table
 /// through `multiregion.execute`, or its primary key changed.

@@ -34,6 +34,7 @@ use std::collections::BTreeSet;
 
 pub(crate) use fence::before_ddl as fence_before_ddl;
 pub(crate) use fence::before_truncate as await_ranges_before_truncate;
+pub(crate) use fence::release_truncated_partition_keys;
 pub(crate) use guard::refuse_region_type_change;
 pub(crate) use replicate::{
     database_ddl, database_ddl_done, foreign_keys_to_key_tables, replicate_ddl, replicated_ddl,
