@@ -3402,32 +3402,7 @@ async fn a_region_with_rows_elsewhere_cannot_be_dropped_through_a_node_without_t
         })
         .await;
     }
-    exec(
-        &mut east,
-        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
-    )
-    .await;
-    let east_id: i64 = sqlx::query_scalar("SELECT node_id FROM multiregion.node_info()")
-        .fetch_one(&mut east)
-        .await
-        .unwrap();
-    eventually(
-        "the us-east1 node without a replica of the us-west1 partition",
-        Duration::from_secs(60),
-        || async {
-            let mut c = connect(&nodes[0], "mr").await?;
-            let holds: bool = sqlx::query_scalar(
-                "SELECT $1 = ANY (voting_replicas || non_voting_replicas) FROM multiregion.ranges \
-                 WHERE database_name = 'mr' AND table_name = 'accounts' AND partition = 'us-west1'",
-            )
-            .bind(east_id)
-            .fetch_one(&mut c)
-            .await
-            .ok()?;
-            (!holds).then_some(())
-        },
-    )
-    .await;
+    restrict_to_home_regions(&nodes, &mut east).await;
     // Account 21 leaves, account 20 arrives: only the us-west1 node's copy knows.
     exec(&mut west, "DELETE FROM accounts WHERE id = 21").await;
     exec(
@@ -3499,34 +3474,7 @@ async fn schema_changes_that_check_rows_check_every_region_through_a_node_withou
     regional_bank(&nodes, 1).await;
     let mut east = connect(&nodes[0], "mr").await.unwrap();
     let mut west = connect(&nodes[1], "mr").await.unwrap();
-    exec(
-        &mut east,
-        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
-    )
-    .await;
-    let east_id: i64 = sqlx::query_scalar("SELECT node_id FROM multiregion.node_info()")
-        .fetch_one(&mut east)
-        .await
-        .unwrap();
-    eventually(
-        "the us-east1 node without a replica of the other partitions",
-        Duration::from_secs(60),
-        || async {
-            let mut c = connect(&nodes[0], "mr").await?;
-            let holds: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM multiregion.ranges \
-                 WHERE database_name = 'mr' AND table_name = 'accounts' \
-                   AND partition <> 'us-east1' \
-                   AND $1 = ANY (voting_replicas || non_voting_replicas)",
-            )
-            .bind(east_id)
-            .fetch_one(&mut c)
-            .await
-            .ok()?;
-            (holds == 0).then_some(())
-        },
-    )
-    .await;
+    restrict_to_home_regions(&nodes, &mut east).await;
     // Its copies of the partitions it left are emptied (they would only age: reads go to
     // the replicas, and a schema change applied here would meet rows deleted since).
     eventually(
@@ -3688,4 +3636,37 @@ async fn a_row_written_into_a_region_being_dropped_waits_and_is_refused() {
         .await;
     }
     check_consistency(&nodes[0]);
+}
+
+/// Makes database `mr` PLACEMENT RESTRICTED through `east`, the first node's session, and
+/// waits until that node holds no replica of the other regions' `accounts` partitions.
+async fn restrict_to_home_regions(nodes: &[Node], east: &mut PgConnection) {
+    exec(
+        east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
+    )
+    .await;
+    let east_id: i64 = sqlx::query_scalar("SELECT node_id FROM multiregion.node_info()")
+        .fetch_one(&mut *east)
+        .await
+        .unwrap();
+    eventually(
+        "the us-east1 node without a replica of the other regions' partitions",
+        Duration::from_secs(60),
+        || async {
+            let mut c = connect(&nodes[0], "mr").await?;
+            let holds: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM multiregion.ranges \
+                 WHERE database_name = 'mr' AND table_name = 'accounts' \
+                   AND partition <> 'us-east1' \
+                   AND $1 = ANY (voting_replicas || non_voting_replicas)",
+            )
+            .bind(east_id)
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (holds == 0).then_some(())
+        },
+    )
+    .await;
 }
