@@ -40,8 +40,8 @@ struct Scope {
     /// by the COPY): PostgreSQL drew those from this node's copy of the sequence, and this
     /// trigger draws them again from the cluster-wide counter (crate::sequences).
     sequence_defaults: Option<crate::sequences::CopyDefaults>,
-    /// What `multiregion.conflict_region` asked for the statement's next row of a table (by
-    /// its oid): see [`upsert_next_row`].
+    /// What `multiregion.conflict_region` asked for the statement's next row of a table
+    /// (schema, name): see [`upsert_next_row`].
     next_row: Option<((String, String), NextRow)>,
 }
 

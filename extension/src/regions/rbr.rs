@@ -53,7 +53,8 @@ pub(crate) fn partition_of(parent: Oid, region: &str) -> Option<String> {
 
 /// Refuses to drop `region` while a REGIONAL BY ROW table has rows in it; from here to the
 /// end of the transaction no row can take the region (the tables are locked against writes
-/// here, and fenced at their leaseholders where the statement was typed). With `at_leaseholders` (the node where the statement was typed) each partition
+/// here, and fenced at their leaseholders where the statement was typed). With
+/// `at_leaseholders` (the node where the statement was typed) each partition
 /// is read at its range's leaseholder: placement gives a node only some ranges, so its copy
 /// of the others may lack rows (and every node that holds them would refuse the change after
 /// it committed) or keep rows deleted since. With rows replicated, an applier of the
