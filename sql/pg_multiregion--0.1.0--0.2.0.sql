@@ -329,3 +329,77 @@ BEGIN
 END
 $fn$;
 REVOKE EXECUTE ON FUNCTION multiregion.drop_range_copy(bigint, text, text, text) FROM PUBLIC;
+
+-- pg_dump and pg_restore of a multi-region database (docs/ARCHITECTURE.md §2.1.1).
+-- What pg_dump carries of this catalog (docs/ARCHITECTURE.md §2.1.1). The tables above key
+-- by OID, which a restore changes, and a restore must not meet them before the objects they
+-- describe exist everywhere; this table holds the same declarations keyed by regclass, which
+-- dumps as a qualified name and restores as the new OID, and pg_extension_config_dump puts
+-- its rows in every dump. Triggers keep this database's own rows equal to the catalog; rows
+-- from another database (a restore: `origin` differs) wait for multiregion.post_restore().
+CREATE TABLE multiregion.dump_catalog (
+    origin text NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('database', 'table', 'global_key')),
+    rel regclass,
+    key_table regclass,
+    entry jsonb NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('multiregion.dump_catalog', '');
+GRANT SELECT ON multiregion.dump_catalog TO PUBLIC;
+
+-- Which database wrote a dump_catalog row: this server's system identifier and the
+-- database's OID, so a dump restored on any server, or into another database of the same
+-- one, is told apart from the database's own rows.
+CREATE FUNCTION multiregion.dump_origin() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT s.system_identifier::text || '/' || d.oid::text
+      FROM pg_catalog.pg_control_system() s, pg_catalog.pg_database d
+     WHERE d.datname = pg_catalog.current_database();
+$fn$;
+
+CREATE FUNCTION multiregion.refresh_dump_catalog() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_origin text := multiregion.dump_origin();
+BEGIN
+    DELETE FROM multiregion.dump_catalog WHERE origin = v_origin;
+    INSERT INTO multiregion.dump_catalog (origin, kind, entry)
+    SELECT v_origin, 'database', jsonb_build_object('primary_region', primary_region,
+               'regions', to_jsonb(regions), 'survival_goal', survival_goal,
+               'placement', placement, 'secondary_region', secondary_region)
+      FROM multiregion.database_config WHERE primary_region IS NOT NULL;
+    INSERT INTO multiregion.dump_catalog (origin, kind, rel, entry)
+    SELECT v_origin, 'table', l.relid::regclass, to_jsonb(l) - 'relid' - 'region_expr'
+      FROM multiregion.table_locality l JOIN pg_catalog.pg_class c ON c.oid = l.relid;
+    INSERT INTO multiregion.dump_catalog (origin, kind, rel, key_table, entry)
+    SELECT v_origin, 'global_key', g.relid::regclass, g.key_table,
+           jsonb_build_object('constraint_name', g.constraint_name, 'columns', to_jsonb(g.columns))
+      FROM multiregion.global_key g JOIN pg_catalog.pg_class c ON c.oid = g.relid
+      JOIN pg_catalog.pg_class k ON k.oid = g.key_table;
+    RETURN NULL;
+END
+$fn$;
+-- ENABLE ALWAYS: the catalog is also written in replica mode (a schema change applied by pgmr).
+CREATE TRIGGER refresh_dump_catalog
+    AFTER UPDATE OF primary_region, regions, survival_goal, placement, secondary_region
+    ON multiregion.database_config
+    FOR EACH STATEMENT EXECUTE FUNCTION multiregion.refresh_dump_catalog();
+CREATE TRIGGER refresh_dump_catalog AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+    ON multiregion.table_locality
+    FOR EACH STATEMENT EXECUTE FUNCTION multiregion.refresh_dump_catalog();
+CREATE TRIGGER refresh_dump_catalog AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+    ON multiregion.global_key
+    FOR EACH STATEMENT EXECUTE FUNCTION multiregion.refresh_dump_catalog();
+ALTER TABLE multiregion.database_config ENABLE ALWAYS TRIGGER refresh_dump_catalog;
+ALTER TABLE multiregion.table_locality ENABLE ALWAYS TRIGGER refresh_dump_catalog;
+ALTER TABLE multiregion.global_key ENABLE ALWAYS TRIGGER refresh_dump_catalog;
+-- The declarations a database already has, for its next dump.
+UPDATE multiregion.database_config SET primary_region = primary_region;
+
+-- multiregion.post_restore(): adopts a restored dump's declarations in one schema change.
+CREATE  FUNCTION multiregion."post_restore"(
+	"declarations" jsonb DEFAULT NULL /* Option < pgrx :: JsonB > */
+) RETURNS TEXT /* String */
+
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'post_restore_wrapper';

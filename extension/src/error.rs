@@ -115,6 +115,12 @@ pub enum MrError {
     /// A replicated write that cannot be served on this node as things are.
     #[error("{message}")]
     WriteNotServed { message: String, hint: String },
+    /// `multiregion.post_restore()` cannot adopt a dump's declarations here.
+    #[error("{message}")]
+    RestoreRefused { message: String, hint: String },
+    /// A COPY TO of a table whose rows this node holds no replica of.
+    #[error("cannot COPY from table {table}: this node holds no replica of its range {range_id}")]
+    CopyNotHeld { table: String, range_id: u64 },
     /// A transaction's replicated changes would not fit one Raft entry.
     #[error("the transaction's replicated changes ({bytes} bytes) exceed the limit of {limit} bytes for one transaction")]
     WriteSetTooLarge { bytes: usize, limit: usize },
@@ -216,6 +222,8 @@ impl MrError {
             MrError::WriteComputedColumn { .. } => ERRCODE_GENERATED_ALWAYS,
             MrError::DuplicateKey { .. } => ERRCODE_UNIQUE_VIOLATION,
             MrError::NotReplicable(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+            MrError::RestoreRefused { .. } => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            MrError::CopyNotHeld { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::SchemaGap { .. } | MrError::BadChange(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -225,6 +233,10 @@ impl MrError {
         match self {
             MrError::Ddl(e) => e.hint.clone(),
             MrError::WriteNotServed { hint, .. } => Some(hint.clone()),
+            MrError::RestoreRefused { hint, .. } => Some(hint.clone()),
+            MrError::CopyNotHeld { .. } => Some(
+                "Run the COPY (or pg_dump) on a node that holds a replica of every range of the table (voting_replicas or non_voting_replicas in multiregion.ranges), or use COPY (SELECT …) TO.".into(),
+            ),
             MrError::DdlAfterRemoteStatements { .. } => Some(
                 "Run the schema change in a transaction of its own, or before the statements on rows leased by other nodes.".into(),
             ),

@@ -23,6 +23,10 @@ static SIDECAR_SOCKET: GucSetting<Option<CString>> = GucSetting::<Option<CString
 /// column while it is on move a row to the gateway's region whenever the row is updated.
 static ENABLE_AUTO_REHOMING: GucSetting<bool> = GucSetting::<bool>::new(false);
 
+/// Whether a READ ONLY transaction under REPEATABLE READ or SERIALIZABLE (pg_dump's) first
+/// waits until this node holds every write acknowledged before it began.
+static SNAPSHOT_BARRIER: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// CockroachDB's `override_multi_region_zone_config`: lets `CONFIGURE ZONE` change the fields
 /// a multi-region database derives.
 static OVERRIDE_MULTI_REGION_ZONE_CONFIG: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -89,6 +93,16 @@ pub fn init() {
         c"Applies to tables given the hidden crdb_region column while the setting is on; an \
           UPDATE that sets crdb_region itself keeps the value it sets.",
         &ENABLE_AUTO_REHOMING,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"multiregion.snapshot_barrier",
+        c"A READ ONLY REPEATABLE READ or SERIALIZABLE transaction waits, when it begins, for \
+          this node's copies.",
+        c"Its one snapshot then holds every write acknowledged anywhere before it began, as \
+          pg_dump needs; pgmr's own snapshot readers turn it off.",
+        &SNAPSHOT_BARRIER,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -166,6 +180,10 @@ pub fn sidecar_socket() -> Option<PathBuf> {
     let raw = SIDECAR_SOCKET.get().unwrap_or_default();
     let raw = raw.as_bytes();
     (!raw.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(raw)))
+}
+
+pub fn snapshot_barrier() -> bool {
+    SNAPSHOT_BARRIER.get()
 }
 
 pub fn enable_auto_rehoming() -> bool {

@@ -139,6 +139,18 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: PostgreSQL passes a valid PlannedStmt and its NUL-terminated source text; the
     // statement's text is copied out before it runs, since running may scribble on the tree.
     let top_level = context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL;
+    // SAFETY: as above; a restored dump's CREATE TRIGGER of a capture trigger its table's
+    // CREATE TABLE already made is a no-op (docs/ARCHITECTURE.md §2.1.1).
+    if unsafe { crate::regions::existing_capture_trigger(&*pstmt) } {
+        // SAFETY: the statement's completion, when PostgreSQL asked for one.
+        unsafe {
+            if !qc.is_null() {
+                (*qc).commandTag = pg_sys::CommandTag::CMDTAG_CREATE_TRIGGER;
+                (*qc).nprocessed = 0;
+            }
+        }
+        return;
+    }
     let (replicate, database) = unsafe {
         if top_level {
             crate::regions::refuse_region_type_change(&*pstmt);
@@ -177,6 +189,11 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // SAFETY: as above; a partition truncated by itself releases its rows' global keys.
     unsafe { crate::regions::release_truncated_partition_keys(&*pstmt) };
+    // SAFETY: as above; a table attached as a partition gives up its own capture row
+    // triggers for its parent's, a detached one gets them back after.
+    let partition_change = unsafe { crate::regions::before_partition_change(&*pstmt) };
+    // SAFETY: as above; a COPY TO reads this node's copy, which must be whole and current.
+    let copy_snapshot = unsafe { crate::replication::before_copy_to(&*pstmt) };
     // SAFETY: as above; a COPY FREEZE whose rows all go to another node drops the FREEZE,
     // and another node's schema change adds foreign keys without checking this node's rows.
     let pstmt = unsafe { crate::routing::without_copy_freeze(pstmt) };
@@ -222,6 +239,11 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // SAFETY: as above; the statement ran (an ALTER SEQUENCE … RESTART is recorded).
     unsafe { crate::sequences::after_utility(&*pstmt) };
+    crate::replication::after_copy_to(copy_snapshot);
+    crate::regions::after_partition_change(partition_change);
+    // SAFETY: as above; a snapshot transaction begun now (pg_dump's) waits for this node's
+    // copies before its first statement takes the snapshot.
+    unsafe { crate::replication::snapshot_barrier(&*pstmt) };
     crate::regions::create_added_key_tables(unique_keys);
     crate::regions::rename_global_key(renamed_key);
     if let Some(ddl) = replicate {

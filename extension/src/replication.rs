@@ -1409,3 +1409,149 @@ mod tests {
         assert_eq!(list_value("DEFAULT"), None);
     }
 }
+
+/// Before a `COPY table TO` (pg_dump reads every table so): the copy of a table is read
+/// straight from this node's copy, without the executor's routing, so it must be whole and
+/// current here. A range this node holds no replica of is refused (its copy is empty or
+/// stale: `COPY (SELECT …) TO` reads through the leaseholder). Under READ COMMITTED the read
+/// first passes a read barrier and gets a snapshot taken after it, which the caller pops once
+/// the COPY ran (`true`); under REPEATABLE READ and SERIALIZABLE the transaction's snapshot
+/// is older than any barrier now, and a read-only one passed its barrier when it began
+/// ([`snapshot_barrier`]).
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL is about to run.
+#[allow(unsafe_code)]
+pub unsafe fn before_copy_to(pstmt: &pg_sys::PlannedStmt) -> bool {
+    let node = pstmt.utilityStmt;
+    // SAFETY: the caller's contract; the cast follows the node's tag.
+    if node.is_null() || unsafe { (*node).type_ } != pg_sys::NodeTag::T_CopyStmt {
+        return false;
+    }
+    // SAFETY: as above.
+    let s = unsafe { &*(node as *mut pg_sys::CopyStmt) };
+    if s.is_from || s.relation.is_null() || gucs::sidecar_socket().is_none() || known_off() {
+        return false;
+    }
+    // SAFETY: a RangeVar of the parse tree; a missing relation is InvalidOid (COPY reports it).
+    let relid = unsafe {
+        pg_sys::RangeVarGetRelidExtended(
+            s.relation,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+            pg_sys::RVROption::RVR_MISSING_OK,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    if relid == pg_sys::InvalidOid || !is_replicated_table(relid) {
+        return false;
+    }
+    let Some(t) = target(relid) else {
+        return false;
+    };
+    let database = crate::routing::database();
+    let table = mr_meta::TableRef {
+        database: database.clone(),
+        schema: t.schema.clone(),
+        table: t.table.clone(),
+    };
+    let ranges = match sidecar::table_ranges(database.clone(), vec![table.clone()]) {
+        Ok(Some(ranges)) => ranges,
+        Ok(None) => return false,
+        Err(e) => e.raise(),
+    };
+    if let Some(r) = ranges
+        .iter()
+        .find(|r| !r.held && (t.partition.is_none() || r.partition == t.partition))
+    {
+        MrError::CopyNotHeld {
+            table: format!("{}.{}", spi::ident(&t.leaf_schema), spi::ident(&t.leaf)),
+            range_id: r.range_id,
+        }
+        .raise();
+    }
+    // SAFETY: reads a backend global.
+    if unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32 {
+        return false;
+    }
+    match sidecar::read_barrier(database, vec![(table, t.partition.clone())], true) {
+        Ok(false) => {
+            barrier_off_for_a_while();
+            false
+        }
+        // SAFETY: under READ COMMITTED each statement may take a new snapshot; COPY TO reads
+        // the active one, pushed here and popped by the caller after the COPY.
+        Ok(true) => unsafe {
+            pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
+            true
+        },
+        Err(e) => e.raise(),
+    }
+}
+
+/// After [`before_copy_to`] pushed a snapshot.
+#[allow(unsafe_code)]
+pub fn after_copy_to(pushed: bool) {
+    if pushed {
+        // SAFETY: pops the snapshot `before_copy_to` pushed; the COPY left the stack as it
+        // found it.
+        unsafe { pg_sys::PopActiveSnapshot() };
+    }
+}
+
+/// After `BEGIN` or `SET TRANSACTION`: a READ ONLY transaction under REPEATABLE READ or
+/// SERIALIZABLE (pg_dump's) takes its one snapshot at its first statement. Before that, this
+/// node's copy of every range of the database it holds is brought up to every write
+/// acknowledged before now, so the snapshot reflects them all (a COPY TO reads this node's
+/// copies: [`before_copy_to`]).
+///
+/// # Safety
+/// `pstmt` is the PlannedStmt PostgreSQL just ran.
+#[allow(unsafe_code)]
+pub unsafe fn snapshot_barrier(pstmt: &pg_sys::PlannedStmt) {
+    let node = pstmt.utilityStmt;
+    if node.is_null()
+        || gucs::sidecar_socket().is_none()
+        || known_off()
+        || !gucs::snapshot_barrier()
+    {
+        return;
+    }
+    // SAFETY: reads a backend global: a session in replica mode reads this node's copy as
+    // it is (pgmr's range snapshots).
+    if unsafe { pg_sys::SessionReplicationRole } == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+    {
+        return;
+    }
+    // SAFETY: the caller's contract; each cast follows the node's tag; reads backend globals.
+    let starts = unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_TransactionStmt => {
+                let k = (*(node as *mut pg_sys::TransactionStmt)).kind;
+                k == pg_sys::TransactionStmtKind::TRANS_STMT_BEGIN
+                    || k == pg_sys::TransactionStmtKind::TRANS_STMT_START
+            }
+            pg_sys::NodeTag::T_VariableSetStmt => {
+                let v = &*(node as *mut pg_sys::VariableSetStmt);
+                !v.name.is_null() && std::ffi::CStr::from_ptr(v.name).to_bytes() == b"TRANSACTION"
+            }
+            _ => false,
+        }
+    };
+    // SAFETY: reads backend globals of the transaction just begun or set.
+    let snapshot_reader = unsafe {
+        pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32
+            && pg_sys::XactReadOnly
+            && !pg_sys::FirstSnapshotSet
+            && pg_sys::IsTransactionBlock()
+    };
+    // No SPI here: any query would take the transaction's snapshot before the barrier. The
+    // barrier with no targets covers every table of the database that this node holds.
+    if starts && snapshot_reader {
+        if let Ok(false) = sidecar::read_barrier(crate::routing::database(), Vec::new(), true)
+            .map_err(|e| e.raise())
+        {
+            barrier_off_for_a_while();
+        }
+    }
+}

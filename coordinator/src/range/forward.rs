@@ -386,10 +386,12 @@ impl Ranges {
     }
 
     async fn connect(&self, database: &str) -> Result<(PgConnection, i32), SqlError> {
+        // The origin's transaction passed its own barriers; this session reads as it is told.
         let mut conn = self
             .pg_cfg
             .connect_options(database)
             .application_name(APPLICATION_NAME)
+            .options([("multiregion.snapshot_barrier", "off")])
             .connect()
             .await
             .map_err(|e| sql_error(&e))?;

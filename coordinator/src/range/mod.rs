@@ -1202,13 +1202,26 @@ impl Ranges {
     /// ranges of `targets`: the range's leader confirms its leadership with a quorum and names
     /// its commit index (Raft read-index), and this node's applier reaches it. A node without
     /// a replica cannot serve the read ([`Self::route`] sends it to the leaseholder instead).
-    /// `Ok(false)`: replication is off, nothing to wait for.
+    /// No targets: every replicated table of the database. `Ok(false)`: replication is off,
+    /// nothing to wait for.
     pub async fn read_barrier(
         &self,
         database: &str,
         targets: &[(TableRef, Option<String>)],
         local_only: bool,
     ) -> Result<bool, WriteError> {
+        let every;
+        let targets = if targets.is_empty() {
+            every = self.meta.read(|s| {
+                s.catalog()
+                    .filter(|(db, _)| *db == database)
+                    .flat_map(|(_, tables)| tables.iter().map(|t| (t.clone(), None)))
+                    .collect::<Vec<_>>()
+            });
+            every.as_slice()
+        } else {
+            targets
+        };
         let Resolved {
             enabled, ranges, ..
         } = self.resolve(database, targets);

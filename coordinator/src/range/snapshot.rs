@@ -69,7 +69,10 @@ impl Source {
         self.pg_cfg
             .connect_options(&self.table.database)
             .application_name(APPLICATION_NAME)
-            .options([("session_replication_role", "replica")])
+            .options([
+                ("session_replication_role", "replica"),
+                ("multiregion.snapshot_barrier", "off"),
+            ])
             .connect()
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", self.table.database))

@@ -193,7 +193,8 @@ pub enum LocalRequest {
     },
     /// Waits until this node has applied every write to these (table, partition) ranges that
     /// was acknowledged before the call (Raft read-index through each range's leader):
-    /// [`LocalResponse::ReadBarrier`].
+    /// [`LocalResponse::ReadBarrier`]. No targets: every replicated table of the database
+    /// (a snapshot about to be taken for the whole database, as pg_dump's).
     ReadBarrier {
         database: String,
         targets: Vec<(TableRef, Option<String>)>,

@@ -16,6 +16,7 @@ mod local_fk;
 mod primary_key;
 mod rbr;
 mod replicate;
+mod restore;
 mod show;
 mod show_create;
 pub(crate) mod spi;
@@ -39,6 +40,9 @@ pub(crate) use guard::refuse_region_type_change;
 pub(crate) use replicate::{
     database_ddl, database_ddl_done, foreign_keys_to_key_tables, replicate_ddl, replicated_ddl,
     trusting_foreign_keys, Ddl,
+};
+pub(crate) use restore::{
+    after_partition_change, before_partition_change, existing_capture_trigger,
 };
 pub(crate) use unique::{
     check_keys as check_added_unique_keys, create_key_tables as create_added_key_tables,
