@@ -1392,24 +1392,6 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jso
     requires = [capture, "catalog"]
 );
 
-#[cfg(test)]
-mod tests {
-    use super::list_value;
-
-    #[test]
-    fn list_partition_bounds_give_their_value() {
-        assert_eq!(
-            list_value("FOR VALUES IN ('us-east1')").as_deref(),
-            Some("us-east1")
-        );
-        assert_eq!(
-            list_value("FOR VALUES IN ('it''s')").as_deref(),
-            Some("it's")
-        );
-        assert_eq!(list_value("DEFAULT"), None);
-    }
-}
-
 /// Before a `COPY table TO` (pg_dump reads every table so): the copy of a table is read
 /// straight from this node's copy, without the executor's routing, so it must be whole and
 /// current here. A range this node holds no replica of is refused (its copy is empty or
@@ -1553,5 +1535,23 @@ pub unsafe fn snapshot_barrier(pstmt: &pg_sys::PlannedStmt) {
         {
             barrier_off_for_a_while();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::list_value;
+
+    #[test]
+    fn list_partition_bounds_give_their_value() {
+        assert_eq!(
+            list_value("FOR VALUES IN ('us-east1')").as_deref(),
+            Some("us-east1")
+        );
+        assert_eq!(
+            list_value("FOR VALUES IN ('it''s')").as_deref(),
+            Some("it's")
+        );
+        assert_eq!(list_value("DEFAULT"), None);
     }
 }
