@@ -20,29 +20,11 @@ SELECT tableoid::regclass AS partition, count(*) FROM rides GROUP BY 1 ORDER BY 
 SELECT g.relid::regclass AS "table", g.constraint_name, g.key_table, g.columns
   FROM multiregion.global_key g ORDER BY 1, 2;
 -- Every row of every table, as one checksum, compared with the original's.
-CREATE TEMP VIEW sums AS
-SELECT 'users' t, count(*) n, md5(string_agg(u::text, ',' ORDER BY id)) FROM users u
-UNION ALL SELECT 'vehicles', count(*), md5(string_agg(v::text, ',' ORDER BY id)) FROM vehicles v
-UNION ALL SELECT 'rides', count(*), md5(string_agg(r::text, ',' ORDER BY id)) FROM rides r
-UNION ALL SELECT 'vehicle_location_histories', count(*),
-                 md5(string_agg(h::text, ',' ORDER BY ride_id, "timestamp"))
-  FROM vehicle_location_histories h
-UNION ALL SELECT 'promo_codes', count(*), md5(string_agg(p::text, ',' ORDER BY code)) FROM promo_codes p
-UNION ALL SELECT 'user_promo_codes', count(*), md5(string_agg(c::text, ',' ORDER BY user_id, code))
-  FROM user_promo_codes c;
-SELECT t, n FROM sums ORDER BY t;
-SELECT md5(string_agg(t || n || md5, ',' ORDER BY t)) AS copy_sum FROM sums \gset
+\set sums 'SELECT \'users\' t, count(*) n, md5(string_agg(u::text, \',\' ORDER BY id)) FROM users u UNION ALL SELECT \'vehicles\', count(*), md5(string_agg(v::text, \',\' ORDER BY id)) FROM vehicles v UNION ALL SELECT \'rides\', count(*), md5(string_agg(r::text, \',\' ORDER BY id)) FROM rides r UNION ALL SELECT \'vehicle_location_histories\', count(*), md5(string_agg(h::text, \',\' ORDER BY ride_id, "timestamp")) FROM vehicle_location_histories h UNION ALL SELECT \'promo_codes\', count(*), md5(string_agg(p::text, \',\' ORDER BY code)) FROM promo_codes p UNION ALL SELECT \'user_promo_codes\', count(*), md5(string_agg(c::text, \',\' ORDER BY user_id, code)) FROM user_promo_codes c'
+SELECT t, n FROM (:sums) s ORDER BY t;
+SELECT md5(string_agg(t || n || md5, ',' ORDER BY t)) AS copy_sum FROM (:sums) s \gset
 \c movr
-SELECT md5(string_agg(t || n || md5, ',' ORDER BY t)) = :'copy_sum' AS same_rows FROM (
-  SELECT 'users' t, count(*) n, md5(string_agg(u::text, ',' ORDER BY id)) FROM users u
-  UNION ALL SELECT 'vehicles', count(*), md5(string_agg(v::text, ',' ORDER BY id)) FROM vehicles v
-  UNION ALL SELECT 'rides', count(*), md5(string_agg(r::text, ',' ORDER BY id)) FROM rides r
-  UNION ALL SELECT 'vehicle_location_histories', count(*),
-                   md5(string_agg(h::text, ',' ORDER BY ride_id, "timestamp"))
-    FROM vehicle_location_histories h
-  UNION ALL SELECT 'promo_codes', count(*), md5(string_agg(p::text, ',' ORDER BY code)) FROM promo_codes p
-  UNION ALL SELECT 'user_promo_codes', count(*), md5(string_agg(c::text, ',' ORDER BY user_id, code))
-    FROM user_promo_codes c) s;
+SELECT md5(string_agg(t || n || md5, ',' ORDER BY t)) = :'copy_sum' AS same_rows FROM (:sums) s;
 \c movr_copy
 -- Keys stay unique across regions; a new row's region is computed from its city.
 INSERT INTO promo_codes VALUES ('code2', 'again', now(), now(), '{}');

@@ -712,7 +712,7 @@ pub(crate) fn database_ddl_done(ddl: DatabaseDdl) {
 /// # Safety
 /// `p` is null or a NUL-terminated string.
 #[allow(unsafe_code)]
-unsafe fn cstr(p: *const std::ffi::c_char) -> String {
+pub(super) unsafe fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         return String::new();
     }

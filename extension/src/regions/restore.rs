@@ -12,7 +12,7 @@
 //! partition's range starts from the rows of its table's range.
 
 use super::catalog::{self, LocalityRow};
-use super::replicate::list_ptrs;
+use super::replicate::{cstr, list_ptrs};
 use super::{cluster_regions, finish, require_database_owner, spi, Effect, Origin, REGION_TYPE};
 use crate::error::{MrError, OrRaise};
 use mr_meta::{DatabaseConfig, Placement, SurvivalGoal, TableLocality};
@@ -530,17 +530,4 @@ fn pg_regclass_text(table: &str) -> String {
         vec![table.into()],
     )
     .unwrap_or_else(|| table.to_string())
-}
-
-/// # Safety
-/// `p` is null or a NUL-terminated string.
-#[allow(unsafe_code)]
-unsafe fn cstr(p: *const std::ffi::c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::ffi::CStr::from_ptr(p) }
-        .to_string_lossy()
-        .into_owned()
 }
