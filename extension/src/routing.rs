@@ -789,6 +789,7 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
                     settings: Vec::new(),
+                    role: None,
                 };
                 send_step(node, statement, false, true)?;
             }
@@ -1015,6 +1016,7 @@ fn write_moved(
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
                     settings: Vec::new(),
+                    role: Some(current_role()),
                 };
                 send(node, statement, false)?
             }
@@ -1204,6 +1206,7 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
         lock_timeout_ms: None,
         partitions: Vec::new(),
         settings: Vec::new(),
+        role: None,
     };
     send(node, statement, false)?;
     // A TRUNCATE there, or a schema change's lock: either commits with this transaction,
@@ -1608,7 +1611,20 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             lock_timeout_ms: None,
             partitions: Vec::new(),
             settings: Vec::new(),
+            role: Some(current_role()),
         }
+    }
+}
+
+/// The role statements run as now (a SECURITY DEFINER function's owner inside it).
+#[allow(unsafe_code)]
+fn current_role() -> String {
+    // SAFETY: GetUserNameFromId returns a palloc'd copy of the current user's name (it raises
+    // if the role is gone, as any statement would); copied at once.
+    unsafe {
+        CStr::from_ptr(pg_sys::GetUserNameFromId(pg_sys::GetUserId(), false))
+            .to_string_lossy()
+            .into_owned()
     }
 }
 

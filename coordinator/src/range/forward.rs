@@ -609,7 +609,7 @@ async fn run_steps(
         let result = sqlx::query(
             "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
         )
-        .bind(remote.role.clone())
+        .bind(st.role.clone().unwrap_or_else(|| remote.role.clone()))
         .bind(remote.gateway_region.clone())
         .bind(st.sql.clone())
         .bind(types)

@@ -416,6 +416,11 @@ pub struct ForwardStatement {
     /// function's `SET search_path` clause, say, lasts only for its own statements.
     #[serde(default)]
     pub settings: Vec<(String, String)>,
+    /// The role the statement runs as at the origin, when it is not the transaction's first
+    /// (`ForwardBegin::role`) or may not be: a SECURITY DEFINER function's statements run as
+    /// its owner, the caller's as the caller, in one remote transaction.
+    #[serde(default)]
+    pub role: Option<String>,
 }
 
 /// A node that does not say whether its part wrote is taken to have written.
