@@ -403,3 +403,12 @@ CREATE  FUNCTION multiregion."post_restore"(
 
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'post_restore_wrapper';
+
+-- multiregion.gather_rows(table): a replicated table's rows read through its leaseholders, for
+-- a read no node holds every range of (PLACEMENT RESTRICTED) re-planned over them (gather.rs).
+CREATE  FUNCTION multiregion."gather_rows"(
+	"table" oid /* pg_sys :: Oid */
+) RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'gather_rows_wrapper';

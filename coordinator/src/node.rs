@@ -804,9 +804,22 @@ impl Node {
                 modifies,
                 splittable,
                 txn_nodes,
+                one_leaseholder,
+                may_gather,
             } => match self
                 .ranges()
-                .route(&database, &targets, write, modifies, splittable, &txn_nodes)
+                .route(
+                    &database,
+                    &targets,
+                    crate::range::Routing {
+                        write,
+                        modifies,
+                        splittable,
+                        one_leaseholder,
+                        may_gather,
+                    },
+                    &txn_nodes,
+                )
                 .await
             {
                 Ok(r) => LocalResponse::Route {
@@ -814,6 +827,7 @@ impl Node {
                     forward_to: r.forward_to,
                     split: r.split,
                     mixed: r.mixed,
+                    gather: r.gather,
                 },
                 Err(e) => crate::range::write_error(e),
             },

@@ -1892,7 +1892,9 @@ async fn under_region_survival_losing_a_region_leaves_every_table_writable() {
 /// computed from a column is reached through that column: a statement that fixes it touches
 /// one partition, so even a SERIALIZABLE transaction (which never spans leaseholders) can
 /// write a row of another region through it. A node that holds no replica of some partitions
-/// reads the table through each leaseholder (and locks there with FOR UPDATE).
+/// reads the table through each leaseholder (and locks there with FOR UPDATE), and where no
+/// node holds every partition, gathers them from their leaseholders for what needs them all
+/// in one place (an aggregate, a grouping, a sort with LIMIT, a join).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_over_several_leaseholders_run_on_each_leaseholders_partitions() {
     let dir = scratch("data-split");
@@ -2022,14 +2024,47 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         Duration::from_secs(60),
         || async {
             let mut w = connect(&nodes[1], "mr").await?;
-            let e = sqlx::query_scalar::<_, i64>("SELECT sum(balance)::int8 FROM accounts")
-                .fetch_one(&mut w)
-                .await
-                .err()?;
-            (code(&e) == "0A000").then_some(())
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM multiregion.ranges WHERE database_name = 'mr' \
+                 AND table_name = 'accounts' AND partition IS NOT NULL \
+                 AND 2 = ANY (voting_replicas || non_voting_replicas)",
+            )
+            .fetch_one(&mut w)
+            .await
+            .ok()?;
+            (held == 1).then_some(())
         },
     )
     .await;
+    // No node holds every partition: an aggregate, a grouping, an ordered LIMIT and a join
+    // read the partitions through their leaseholders and finish here.
+    let total: i64 = sqlx::query_scalar("SELECT sum(balance)::int8 FROM accounts")
+        .fetch_one(&mut west)
+        .await
+        .unwrap();
+    assert_eq!(total, 5003);
+    let per_region: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT crdb_region::text, count(*) FROM accounts WHERE balance > $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(999i64)
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    assert_eq!(
+        per_region,
+        vec![
+            ("europe-west1".to_string(), 1),
+            ("us-east1".to_string(), 2),
+            ("us-west1".to_string(), 2)
+        ]
+    );
+    let top: Vec<i32> = sqlx::query_scalar(
+        "SELECT a.id FROM accounts a JOIN accounts b ON b.id = a.id + 1 ORDER BY a.balance DESC, a.id LIMIT 2",
+    )
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    assert_eq!(top, vec![2, 3]);
     let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
         .fetch_all(&mut west)
         .await
@@ -2062,6 +2097,109 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
     .unwrap_err();
     assert_eq!(code(&err), "55P03", "{err}");
     exec(&mut west, "ROLLBACK").await;
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
+/// Under REPEATABLE READ and SERIALIZABLE a read-write transaction stays on the one node that
+/// leases what it touches, its reads included: PostgreSQL sees a transaction's snapshot and
+/// its serializable conflicts only on the node it runs on, so a write skew whose two edges are
+/// on different nodes would commit unseen. Each way a transaction could reach a second node is
+/// refused (0A000) before it can: a read here then a write leased elsewhere (both sides of the
+/// skew committed before), a read of another leaseholder's rows on the node it runs on, a read
+/// of every region's rows from this node's copies. A transaction on one leaseholder, through
+/// any node, and a READ ONLY one over every region still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serializable_transactions_stay_on_one_leaseholder_so_no_write_skew_spans_nodes() {
+    let dir = scratch("data-serializable");
+    let nodes = start_cluster(dir.path(), 72, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    // Account 1 in us-east1 (leased on node 1), 2 in us-west1 (node 2), 3 in europe-west1.
+    regional_bank(&nodes, 1).await;
+    balances_converged(&nodes).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    let mut eu = connect(&nodes[2], "mr").await.unwrap();
+    let read_own = |region: &str, id: i32| {
+        format!("SELECT balance FROM accounts WHERE crdb_region = '{region}' AND id = {id}")
+    };
+    let take_other = |region: &str, id: i32, amount: i64| {
+        format!(
+            "UPDATE accounts SET balance = balance - {amount} WHERE crdb_region = '{region}' AND id = {id}"
+        )
+    };
+
+    // Each reads its own region's account and takes that much from the other's: run one
+    // after the other, the second would read what the first left (1000, 0 or 0, 1000).
+    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    let x: i64 = sqlx::query_scalar(&read_own("us-east1", 1))
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    let y: i64 = sqlx::query_scalar(&read_own("us-west1", 2))
+        .fetch_one(&mut west)
+        .await
+        .unwrap();
+    assert_eq!((x, y), (1000, 1000));
+    let te = sqlx::raw_sql(&format!("{}; COMMIT", take_other("us-west1", 2, x)))
+        .execute(&mut east)
+        .await;
+    let tw = sqlx::raw_sql(&format!("{}; COMMIT", take_other("us-east1", 1, y)))
+        .execute(&mut west)
+        .await;
+    let codes: Vec<String> = [te.err(), tw.err()].iter().flatten().map(code).collect();
+    assert_eq!(
+        codes,
+        vec!["0A000".to_string(), "0A000".to_string()],
+        "a transaction that read on one leaseholder wrote on another"
+    );
+    exec(&mut east, "ROLLBACK").await;
+    exec(&mut west, "ROLLBACK").await;
+
+    // Pinned on node 1 by its first statement, it may not read node 2's rows there.
+    exec(&mut eu, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    exec(&mut eu, &take_other("us-east1", 1, 0)).await;
+    let err = sqlx::query_scalar::<_, i64>(&read_own("us-west1", 2))
+        .fetch_one(&mut eu)
+        .await
+        .expect_err("a read of rows leased elsewhere, from the copy where it runs");
+    assert_eq!(code(&err), "0A000", "{err}");
+    exec(&mut eu, "ROLLBACK").await;
+
+    // Every region's rows read from this node's copies: refused, not read outside the
+    // snapshot and conflicts of any leaseholder.
+    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    let err =
+        sqlx::query_scalar::<_, i64>("SELECT sum(balance)::int8 FROM accounts WHERE id IN (1, 2)")
+            .fetch_one(&mut east)
+            .await
+            .expect_err("a read over several leaseholders");
+    assert_eq!(code(&err), "0A000", "{err}");
+    exec(&mut east, "ROLLBACK").await;
+
+    // READ ONLY reads every region; one leaseholder's rows, through any node, commit.
+    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY").await;
+    let total: i64 = sqlx::query_scalar("SELECT sum(balance)::int8 FROM accounts")
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    assert_eq!(total, 3000);
+    exec(&mut east, "COMMIT").await;
+    for c in [&mut west, &mut eu] {
+        exec(c, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+        let b: i64 = sqlx::query_scalar(&read_own("us-west1", 2))
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+        exec(c, &take_other("us-west1", 2, b / 2)).await;
+        exec(c, "COMMIT").await;
+    }
+    let b = balances_converged(&nodes).await;
+    assert_eq!(
+        b.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+        vec![(1, 1000), (2, 250), (3, 1000)],
+        "{b:?}"
+    );
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }

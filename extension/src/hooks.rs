@@ -111,6 +111,7 @@ unsafe extern "C-unwind" fn planner(
     // SAFETY: PostgreSQL passes the Query it is about to plan, ours to change until planned.
     unsafe {
         crate::sequences::redirect(parse);
+        crate::gather::rewrite(parse);
         crate::region_filter::derive(parse, bound_params);
     }
     // SAFETY: the previous hook (or PostgreSQL's own planner) with our arguments.

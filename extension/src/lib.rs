@@ -6,6 +6,7 @@
 
 mod api;
 mod error;
+mod gather;
 mod global_keys;
 mod gucs;
 mod hooks;

@@ -144,6 +144,9 @@ thread_local! {
     /// This transaction ran a write or locking statement on replicated tables here: it has
     /// a part on this node (its row locks), even before it changed a row.
     static LOCAL_PART: Cell<bool> = const { Cell::new(false) };
+    /// This read-write REPEATABLE READ or SERIALIZABLE transaction ran a statement over
+    /// replicated tables here: its snapshot and its conflicts are this node's, so it stays here.
+    static SNAPSHOT_HERE: Cell<bool> = const { Cell::new(false) };
     static DATABASE: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
@@ -312,27 +315,55 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         && unsafe { replication::splittable(qd) };
     // Parts that only hold global key changes pin nothing.
     let first_remote = REMOTE.with(|r| r.borrow().iter().find(|r| !r.keys_only).map(|r| r.node));
+    // A read-write transaction under these levels runs on one leaseholder: its snapshot and
+    // its serializable conflicts are that node's, and neither sees another node's rows. (A
+    // READ ONLY one may read copies: it writes nothing a skew could break.)
+    // SAFETY: reads a backend global.
+    let one_leaseholder = snapshot_isolation && unsafe { !pg_sys::XactReadOnly };
+    // The nodes where this transaction has changes this node's copies lack.
+    let txn_nodes: Vec<u64> = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
     if let (true, Some(node)) = (snapshot_isolation, first_remote) {
         refuse_dynamic(node);
         // REPEATABLE READ and SERIALIZABLE need one snapshot and one place where conflicts
         // are seen: the transaction's reads and writes go where its first remote statement
-        // went (a write that node does not lease is refused at its commit).
+        // went, which must lease what they touch.
+        if one_leaseholder {
+            let how = sidecar::RouteHow {
+                write: true,
+                modifies,
+                one_leaseholder: true,
+                ..Default::default()
+            };
+            match sidecar::route_with(database(), targets, txn_nodes, how) {
+                Ok(r) if !r.enabled || (r.forward_to == Some(node) && r.split.is_empty()) => {}
+                Ok(r) => refuse_second_leaseholder(&format!("node {node}"), r.forward_to),
+                Err(e) => e.raise(),
+            }
+        }
         forward_to(node);
         return;
     }
     // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
     // that it sees its own writes there.
     let has_remotes = first_remote.is_some();
-    // The nodes where this transaction has changes this node's copies lack.
-    let txn_nodes = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
-    match sidecar::route(
-        database(),
-        targets,
-        write || has_remotes,
+    let how = sidecar::RouteHow {
+        write: write || has_remotes,
         modifies,
         splittable,
-        txn_nodes,
-    ) {
+        one_leaseholder,
+        // SAFETY: as this function's contract.
+        may_gather: !write
+            && !has_remotes
+            && !dynamic_params
+            && unsafe { crate::gather::may_replan(qd) },
+    };
+    match sidecar::route_with(database(), targets, txn_nodes, how) {
+        Ok(r) if r.gather => {
+            // SAFETY: as this function's contract.
+            unsafe { crate::gather::replan(qd) };
+            // SAFETY: as this function's contract; the plan now reads the gathered rows.
+            unsafe { executor_start(qd, eflags) };
+        }
         Ok(r) if !r.enabled => replication::barrier_off_for_a_while(),
         Ok(r) if !r.split.is_empty() => {
             if let Some(node) = r.split.iter().find_map(|(n, _)| *n) {
@@ -364,6 +395,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 forward_to: None, ..
             },
         ) => {
+            if one_leaseholder {
+                SNAPSHOT_HERE.with(|l| l.set(true));
+            }
             if !write {
                 // SAFETY: as this function's contract.
                 unsafe { replication::fresh_snapshot(qd) };
@@ -415,21 +449,30 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         }) => {
             refuse_dynamic(node);
             if snapshot_isolation
-                && replication::has_local_changes()
-                && !replication::local_changes_keys_only()
+                && (SNAPSHOT_HERE.with(Cell::get)
+                    || (replication::has_local_changes()
+                        && !replication::local_changes_keys_only()))
             {
-                MrError::WriteNotServed {
-                    message: format!(
-                        "this REPEATABLE READ or SERIALIZABLE transaction wrote rows leased on this node and now touches rows leased on node {node}"
-                    ),
-                    hint: "A transaction over several leaseholders commits atomically (two-phase commit) under READ COMMITTED; under REPEATABLE READ and SERIALIZABLE it must stay on one leaseholder: split it, or use READ COMMITTED.".into(),
-                }
-                .raise();
+                refuse_second_leaseholder("this node", Some(node));
             }
             forward_to(node);
         }
         Err(e) => e.raise(),
     }
+}
+
+/// Refuses a REPEATABLE READ or SERIALIZABLE transaction's statement that would take it to a
+/// second leaseholder: it runs on `first`, and the statement's rows are leased on `next`
+/// (`None`: this node).
+fn refuse_second_leaseholder(first: &str, next: Option<u64>) -> ! {
+    let next = next.map_or("this node".to_string(), |n| format!("node {n}"));
+    MrError::WriteNotServed {
+        message: format!(
+            "this REPEATABLE READ or SERIALIZABLE transaction runs on {first}, which leases the rows it touched first, and this statement touches rows leased on {next}"
+        ),
+        hint: mr_wire::local::ONE_LEASEHOLDER_HINT.into(),
+    }
+    .raise()
 }
 
 /// While serving another node's statement: a foreign key trigger's query over rows leased
@@ -1540,16 +1583,16 @@ pub unsafe fn statement_text(
     text.get(start..end).unwrap_or(text).to_string()
 }
 
-/// The statement's own text (one statement of a multi-statement string) and parameters.
+/// The statement's own text: one statement of a multi-statement string; for EXECUTE of a
+/// prepared statement, the PREPARE's inner statement; for a cursor, the DECLARE's query.
 ///
 /// # Safety
-/// `qd` is a started QueryDesc.
+/// `qd` is a started (or starting) QueryDesc.
 #[allow(unsafe_code)]
-unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
+pub unsafe fn statement_sql(qd: &pg_sys::QueryDesc) -> String {
     // SAFETY: the source text is NUL-terminated and outlives the query; the location and
     // length are byte offsets into it set by the parser (-1 and 0 mean "all" and "to the
-    // end"); parameters are read through their fetch hook when one is set, as the executor
-    // does.
+    // end").
     unsafe {
         let ps = &*qd.plannedstmt;
         let text = if qd.sourceText.is_null() {
@@ -1564,13 +1607,21 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             Ok(0) | Err(_) => text.len(),
             Ok(n) => (start + n).min(text.len()),
         };
-        let mut sql = text.get(start..end).unwrap_or(text);
-        // EXECUTE of a prepared statement carries the whole PREPARE as its text, a cursor the
-        // whole DECLARE.
-        if let Some(inner) = mr_sql::prepared_statement(sql) {
-            sql = inner;
-        }
-        let sql = sql.to_string();
+        let sql = text.get(start..end).unwrap_or(text);
+        mr_sql::prepared_statement(sql).unwrap_or(sql).to_string()
+    }
+}
+
+/// The statement's own text ([`statement_sql`]) and parameters.
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
+    // SAFETY: as [`statement_sql`]; parameters are read through their fetch hook when one is
+    // set, as the executor does.
+    unsafe {
+        let sql = statement_sql(qd);
         let mut params = Vec::new();
         let pl = qd.params;
         if !pl.is_null() {
@@ -1800,6 +1851,7 @@ pub fn at_end(aborted: bool) {
     COLLECT.with(|c| c.borrow_mut().clear());
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
     LOCAL_PART.with(|l| l.set(false));
+    SNAPSHOT_HERE.with(|l| l.set(false));
     RUN_DEPTH.with(|d| d.set(0));
     // After a commit only the parts that read and locked rows are left (`pre_commit`):
     // rolled back too, which releases their locks.

@@ -157,13 +157,45 @@ pub fn route(
     splittable: bool,
     txn_nodes: Vec<u64>,
 ) -> Result<Route, MrError> {
-    let req = LocalRequest::Route {
-        database,
-        targets,
+    let how = RouteHow {
         write,
         modifies,
         splittable,
+        ..RouteHow::default()
+    };
+    route_with(database, targets, txn_nodes, how)
+}
+
+/// What a statement asks of `route_with` besides its targets (`LocalRequest::Route`).
+#[derive(Clone, Copy, Default)]
+pub struct RouteHow {
+    pub write: bool,
+    pub modifies: bool,
+    pub splittable: bool,
+    /// A read-write REPEATABLE READ or SERIALIZABLE statement: refused over ranges leased on
+    /// several nodes rather than run here.
+    pub one_leaseholder: bool,
+    /// A read this backend can re-plan over its REGIONAL BY ROW tables gathered from their
+    /// leaseholders: answered with `gather` where no node holds a copy of every range.
+    pub may_gather: bool,
+}
+
+/// [`route`] with every question `Route` takes.
+pub fn route_with(
+    database: String,
+    targets: Vec<(mr_meta::TableRef, Option<String>)>,
+    txn_nodes: Vec<u64>,
+    how: RouteHow,
+) -> Result<Route, MrError> {
+    let req = LocalRequest::Route {
+        database,
+        targets,
+        write: how.write,
+        modifies: how.modifies,
+        splittable: how.splittable,
         txn_nodes,
+        one_leaseholder: how.one_leaseholder,
+        may_gather: how.may_gather,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {
@@ -171,11 +203,13 @@ pub fn route(
             forward_to,
             split,
             mixed,
+            gather,
         } => Ok(Route {
             enabled,
             forward_to,
             split,
             mixed,
+            gather,
         }),
         other => Err(write_error("route", other)),
     }
@@ -191,6 +225,8 @@ pub struct Route {
     pub split: Vec<(Option<u64>, Vec<String>)>,
     /// A write that runs here over ranges leased on several nodes.
     pub mixed: bool,
+    /// A read over ranges no node holds a copy of every one of (asked with `may_gather`).
+    pub gather: bool,
 }
 
 /// A forwarded step's result: rows processed, the rows returned as text, and rows it left

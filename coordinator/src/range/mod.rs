@@ -294,6 +294,26 @@ pub struct Route {
     pub split: Shares,
     /// A write that runs here over ranges leased on several nodes.
     pub mixed: bool,
+    /// A read over ranges no node holds a copy of every one of: its REGIONAL BY ROW tables
+    /// may be gathered here, each leaseholder sending its partitions' rows.
+    pub gather: bool,
+}
+
+/// What a statement needs of the ranges it touches ([`Ranges::route`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Routing {
+    /// The leaseholder: it writes or locks rows, or reads under REPEATABLE READ/SERIALIZABLE.
+    pub write: bool,
+    /// It changes rows (checked against the range's fence at commit) rather than only reads.
+    pub modifies: bool,
+    /// It may be split over the leaseholders of one REGIONAL BY ROW table's partitions.
+    pub splittable: bool,
+    /// A read-write REPEATABLE READ or SERIALIZABLE statement: it reads only where every
+    /// range it reads is leased.
+    pub one_leaseholder: bool,
+    /// A read whose REGIONAL BY ROW tables the caller can gather from their leaseholders:
+    /// where no node holds a copy of every range, answer `gather` instead of refusing.
+    pub may_gather: bool,
 }
 
 struct Resolved {
@@ -1299,11 +1319,16 @@ impl Ranges {
         &self,
         database: &str,
         targets: &[(TableRef, Option<String>)],
-        write: bool,
-        modifies: bool,
-        splittable: bool,
+        how: Routing,
         txn_nodes: &[u64],
     ) -> Result<Route, WriteError> {
+        let Routing {
+            write,
+            modifies,
+            splittable,
+            one_leaseholder,
+            may_gather,
+        } = how;
         let Resolved {
             enabled,
             ranges,
@@ -1315,12 +1340,14 @@ impl Ranges {
             forward_to: None,
             split: Vec::new(),
             mixed: false,
+            gather: false,
         };
         let there = |node| Route {
             enabled: true,
             forward_to: Some(node),
             split: Vec::new(),
             mixed: false,
+            gather: false,
         };
         if !enabled || ranges.is_empty() {
             return Ok(here(enabled));
@@ -1360,9 +1387,26 @@ impl Ranges {
                         forward_to: None,
                         split: self.shares(targets, holder)?,
                         mixed: false,
+                        gather: false,
                     })
                 }
                 None => {}
+            }
+            // A read-write REPEATABLE READ or SERIALIZABLE transaction's snapshot and its
+            // serializable conflicts are the leaseholder's: read here from copies, rows leased
+            // elsewhere would be outside both (a write skew across nodes would commit).
+            if one_leaseholder {
+                if let Some(&(range_id, h)) =
+                    read.iter().find(|&&(r, h)| holder(r, h) != Some(self.me))
+                {
+                    return Err(WriteError::Unsupported {
+                        message: format!(
+                            "a read-write REPEATABLE READ or SERIALIZABLE statement must run where every range it reads is leased, and this one reads ranges leased on different nodes (range {range_id}: {})",
+                            holder(range_id, h).map_or("no leaseholder yet".into(), |h| format!("node {h}"))
+                        ),
+                        hint: mr_wire::local::ONE_LEASEHOLDER_HINT.into(),
+                    });
+                }
             }
             // Leased on several nodes: the statement runs here, and its commit is refused if
             // it wrote a range leased elsewhere. But it must not read a range this node holds
@@ -1420,6 +1464,12 @@ impl Ranges {
                 forward_to: None,
                 split: self.shares(targets, holder)?,
                 mixed: false,
+                gather: false,
+            }),
+            // The caller can read the REGIONAL BY ROW tables through each leaseholder first.
+            _ if may_gather => Ok(Route {
+                gather: true,
+                ..here(true)
             }),
             _ => {
                 let (range_id, h) = ranges

@@ -244,6 +244,17 @@ pub enum LocalRequest {
         /// Other nodes this transaction has a part on (changes this node's copies lack).
         #[serde(default)]
         txn_nodes: Vec<u64>,
+        /// A read-write REPEATABLE READ or SERIALIZABLE statement: it reads only on the node
+        /// that leases every range it reads, whose snapshot and whose serializable conflicts
+        /// are the transaction's. Leased on several nodes, it is refused rather than run here
+        /// over this node's copies (a write skew across nodes would go unseen).
+        #[serde(default)]
+        one_leaseholder: bool,
+        /// A read whose REGIONAL BY ROW tables the extension can gather from their
+        /// leaseholders first: where no node holds a copy of every range it reads, the answer
+        /// is `gather` rather than an error.
+        #[serde(default)]
+        may_gather: bool,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
@@ -355,6 +366,10 @@ pub struct ForwardBegin {
     #[serde(default)]
     pub schema_version: u64,
 }
+
+/// How a read-write REPEATABLE READ or SERIALIZABLE transaction stays on one leaseholder: the
+/// hint of every refusal that keeps it there (pgmr's and the extension's).
+pub const ONE_LEASEHOLDER_HINT: &str = "Under REPEATABLE READ and SERIALIZABLE a read-write transaction runs on the one node that leases every row it touches (its snapshot and its conflicts are that node's): name the rows' region so that it touches ranges leased on one node, use READ COMMITTED (two-phase commit across leaseholders), or make the transaction READ ONLY.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -704,6 +719,10 @@ pub enum LocalResponse {
         /// nodes: rows it writes into ranges leased elsewhere must go there.
         #[serde(default)]
         mixed: bool,
+        /// A read (asked with `may_gather`) over ranges no node holds a copy of every one of:
+        /// re-planned with its REGIONAL BY ROW tables read through their leaseholders first.
+        #[serde(default)]
+        gather: bool,
     },
     /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
     /// number of rows it processed.
