@@ -250,16 +250,27 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     }
     // SAFETY: the parameter list, if any, is valid for the query's life. PL/pgSQL passes one
     // with a fetch hook exactly when the statement uses its variables.
-    let dynamic_params = unsafe { !qd.params.is_null() && (*qd.params).paramFetch.is_some() };
+    let plpgsql_params = unsafe { !qd.params.is_null() && (*qd.params).paramFetch.is_some() };
+    // SAFETY: as this function's contract.
+    let named_params = unsafe { names_its_parameters(qd) };
+    let dynamic_params = plpgsql_params || named_params;
     // SAFETY: as this function's contract.
     let may_move = unsafe { replication::may_move_rows(qd) };
     let refuse_dynamic = |node: u64| {
-        if dynamic_params {
+        if plpgsql_params {
             // PL/pgSQL resolves its variables while parsing: the statement's text alone
             // does not say what they are.
             MrError::WriteNotServed {
                 message: format!("a PL/pgSQL statement that uses variables cannot run on node {node}, which leases the rows it touches"),
                 hint: "Call the function on the leaseholder's node (lease_holder in multiregion.ranges), or run the statement from the client.".into(),
+            }
+            .raise();
+        }
+        if named_params {
+            // So does a SQL function its parameters' names.
+            MrError::WriteNotServed {
+                message: format!("a SQL function's statement that names its parameters cannot run on node {node}, which leases the rows it touches"),
+                hint: "Refer to the parameters as $1, $2, ... in the function's body, or call the function on the leaseholder's node (lease_holder in multiregion.ranges).".into(),
             }
             .raise();
         }
@@ -458,6 +469,32 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             forward_to(node);
         }
         Err(e) => e.raise(),
+    }
+}
+
+/// Whether the statement is a SQL function's that refers to the function's parameters by
+/// name: it has parameters, runs inside another statement (its text is not its portal's),
+/// and its text has no `$n`. Its text then names what only the function's parser hook
+/// resolves, and means something else — or nothing — anywhere else.
+///
+/// # Safety
+/// `qd` is a QueryDesc about to start.
+#[allow(unsafe_code)]
+unsafe fn names_its_parameters(qd: &pg_sys::QueryDesc) -> bool {
+    // SAFETY: the parameter list and source text are valid for the query's life;
+    // ActivePortal, when set, is the portal running this statement or its caller.
+    unsafe {
+        let pl = qd.params;
+        if pl.is_null() || (*pl).numParams <= 0 || (*pl).paramFetch.is_some() {
+            return false;
+        }
+        let portal = pg_sys::ActivePortal;
+        if !portal.is_null() && (*portal).sourceText == qd.sourceText {
+            return false;
+        }
+        let sql = statement_sql(qd);
+        let b = sql.as_bytes();
+        !b.windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit())
     }
 }
 

@@ -42,6 +42,14 @@ INSERT INTO west_owned VALUES (3);
 RESET ROLE;
 SELECT k FROM west_owned ORDER BY k;
 SELECT k FROM west_rls ORDER BY k;
+-- A SQL function's statement that names its parameters cannot travel as text (the names
+-- mean nothing at the leaseholder; it failed there with "column k does not exist"): refused
+-- with the way round. With $1 it is forwarded.
+CREATE FUNCTION add_named(k int) RETURNS void LANGUAGE sql
+    AS 'INSERT INTO public.west_owned VALUES (k)';
+SELECT add_named(10);
+SELECT add_owned(11);
+SELECT k FROM west_owned ORDER BY k;
 \c postgres
 DROP DATABASE regress_roles WITH (FORCE);
 DROP ROLE mr_caller;
