@@ -834,6 +834,16 @@ impl Node {
             LocalRequest::Forward { node_id, request } => {
                 self.ranges().forward(node_id, request).await
             }
+            LocalRequest::ForwardEach { requests } => {
+                let ranges = self.ranges();
+                let answers = futures::future::join_all(
+                    requests
+                        .into_iter()
+                        .map(|(node_id, request)| ranges.forward(node_id, request)),
+                )
+                .await;
+                LocalResponse::ForwardedEach { answers }
+            }
             LocalRequest::AbandonTxn { range_id, index } => {
                 self.ranges().abandon(range_id, index);
                 LocalResponse::Done

@@ -891,9 +891,10 @@ pub fn executor_end(qd: *mut pg_sys::QueryDesc) {
 }
 
 /// Runs a split statement's shares, each on its leaseholder over its partitions (this
-/// node's own through SPI in this transaction), one after the other: their rows together, in
-/// share order, the rows processed in all, and the rows they moved to other partitions (for
-/// the caller to write).
+/// node's own through SPI in this transaction, first; the others at once, so the statement
+/// costs the farthest leaseholder's round trip, not the sum): their rows together, in share
+/// order, the rows processed in all, and the rows they moved to other partitions (for the
+/// caller to write).
 ///
 /// # Safety
 /// `qd` is a started QueryDesc.
@@ -902,20 +903,61 @@ unsafe fn run_shares(
     qd: &mut pg_sys::QueryDesc,
     shares: Vec<(Option<u64>, Vec<String>)>,
 ) -> Result<sidecar::ForwardedRows, MrError> {
-    let (mut processed, mut rows, mut moved) = (0u64, Vec::new(), Vec::new());
-    for (node, partitions) in shares {
-        let (n, mut r, mut m) = match node {
-            // SAFETY: as this function's contract.
-            Some(node) => unsafe { forward_statement(qd, node, partitions.clone()) }?,
+    let mut results: Vec<Option<sidecar::ForwardedRows>> = Vec::new();
+    let mut remote: Vec<(usize, ForwardRequest, Step)> = Vec::new();
+    for (i, (node, partitions)) in shares.into_iter().enumerate() {
+        results.push(None);
+        match node {
+            Some(node) => {
+                // SAFETY: as this function's contract.
+                let statement = unsafe { share_statement(qd, partitions) };
+                let (req, step) = begin_step(node, statement, false, false)?;
+                remote.push((i, req, step));
+            }
             None => {
                 // SAFETY: as this function's contract.
                 let st = unsafe { statement_of(qd) };
                 set_local_lock_timeout();
                 let (types, vals): (Vec<String>, Vec<Option<String>>) =
                     st.params.into_iter().unzip();
-                exec_share(None, &st.sql, &types, &vals, &partitions)
+                results[i] = Some(exec_share(None, &st.sql, &types, &vals, &partitions));
             }
-        };
+        }
+    }
+    let (places, requests, steps): (Vec<usize>, Vec<(u64, ForwardRequest)>, Vec<Step>) =
+        remote.into_iter().fold(
+            (Vec::new(), Vec::new(), Vec::new()),
+            |(mut p, mut r, mut s), (i, req, step)| {
+                p.push(i);
+                r.push((step.node, req));
+                s.push(step);
+                (p, r, s)
+            },
+        );
+    let answers = match requests.len() {
+        0 => Vec::new(),
+        1 => {
+            let (node, req) = requests.into_iter().next().expect("one request");
+            vec![sidecar::forward(node, req)]
+        }
+        _ => sidecar::forward_each(requests)?,
+    };
+    // Every answer is taken in (a failed share's transaction is rolled back with the others
+    // when this one aborts); the first failure is the statement's.
+    let mut failed = None;
+    for ((i, step), answer) in places.into_iter().zip(steps).zip(answers) {
+        match answer {
+            Ok(f) => results[i] = Some(end_step(step, f)),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let (mut processed, mut rows, mut moved) = (0u64, Vec::new(), Vec::new());
+    for (n, mut r, mut m) in results.into_iter().flatten() {
         processed += n;
         rows.append(&mut r);
         moved.append(&mut m);
@@ -1139,13 +1181,7 @@ unsafe fn forward_statement(
     partitions: Vec<String>,
 ) -> Result<sidecar::ForwardedRows, MrError> {
     // SAFETY: as this function's contract.
-    let mut statement = unsafe { statement_of(qd) };
-    statement.partitions = partitions;
-    statement.lock_timeout_ms = FORWARDED.with(|f| {
-        f.borrow()
-            .get(&(qd as *mut pg_sys::QueryDesc as usize))
-            .and_then(|x| x.lock_timeout_ms)
-    });
+    let statement = unsafe { share_statement(qd, partitions) };
     let depth = RUN_DEPTH.with(Cell::get);
     // SAFETY: reads backend globals and the destination's kind.
     let autocommit = unsafe {
@@ -1167,6 +1203,24 @@ unsafe fn forward_statement(
     send(node, statement, autocommit && whole)
 }
 
+/// The statement as it is sent to another node, over `partitions` of its target (all of
+/// them when empty), with its lock timeout there.
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn share_statement(qd: &mut pg_sys::QueryDesc, partitions: Vec<String>) -> ForwardStatement {
+    // SAFETY: as this function's contract.
+    let mut statement = unsafe { statement_of(qd) };
+    statement.partitions = partitions;
+    statement.lock_timeout_ms = FORWARDED.with(|f| {
+        f.borrow()
+            .get(&(qd as *mut pg_sys::QueryDesc as usize))
+            .and_then(|x| x.lock_timeout_ms)
+    });
+    statement
+}
+
 /// Sends one statement to `node` in this transaction's session there, beginning it if
 /// needed; with `autocommit`, and no other part, it commits there in the same message.
 fn send(
@@ -1178,13 +1232,37 @@ fn send(
 }
 
 /// [`send`], for global key changes when `keys_only`.
-#[allow(unsafe_code)]
 fn send_step(
+    node: u64,
+    statement: ForwardStatement,
+    autocommit: bool,
+    keys_only: bool,
+) -> Result<sidecar::ForwardedRows, MrError> {
+    let (req, step) = begin_step(node, statement, autocommit, keys_only)?;
+    let f = sidecar::forward(node, req)?;
+    Ok(end_step(step, f))
+}
+
+/// A step sent to another node, for [`end_step`] once it answered.
+struct Step {
+    node: u64,
+    session: String,
+    sent_commit: bool,
+    open: Vec<u32>,
+    keys_only: bool,
+}
+
+/// The request that sends `statement` to `node` in this transaction's session there
+/// (beginning it if needed; with `autocommit`, and no other part, it commits there in the same
+/// message). A new session is recorded before it is sent: if the answer is lost, the abort
+/// still rolls it back.
+#[allow(unsafe_code)]
+fn begin_step(
     node: u64,
     mut statement: ForwardStatement,
     autocommit: bool,
     keys_only: bool,
-) -> Result<sidecar::ForwardedRows, MrError> {
+) -> Result<(ForwardRequest, Step), MrError> {
     let open = OPEN_SUBS.with(|o| o.borrow().clone());
     let existing = REMOTE.with(|r| r.borrow().iter().position(|x| x.node == node));
     let (req, pin) = if let Some(i) = existing {
@@ -1243,12 +1321,28 @@ fn send_step(
         (req, pin)
     };
     if let Some(pin) = pin {
-        // Recorded before sending: if the answer is lost, the abort still rolls it back.
         REMOTE.with(|r| r.borrow_mut().push(pin));
     }
-    let sent_commit = req.finish == Some(Finish::Commit);
-    let session = req.session.clone();
-    let f = sidecar::forward(node, req)?;
+    let step = Step {
+        node,
+        session: req.session.clone(),
+        sent_commit: req.finish == Some(Finish::Commit),
+        open,
+        keys_only,
+    };
+    Ok((req, step))
+}
+
+/// Takes in what a step's answer says of the transaction (global key changes, whether the
+/// part wrote, referential queries left for this node); its rows.
+fn end_step(step: Step, f: sidecar::Forwarded) -> sidecar::ForwardedRows {
+    let Step {
+        node,
+        session,
+        sent_commit,
+        open,
+        keys_only,
+    } = step;
     crate::global_keys::returned(f.keys);
     REMOTE.with(|r| {
         if let Some(x) = r.borrow_mut().iter_mut().find(|x| x.session == session) {
@@ -1271,7 +1365,7 @@ fn send_step(
         });
     }
     crate::ri::returned(f.deferred);
-    Ok(f.rows)
+    f.rows
 }
 
 /// Runs `sql` (text parameters) on `node` in this transaction's session there, which ends

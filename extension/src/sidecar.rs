@@ -285,6 +285,43 @@ pub fn forward(
     }
 }
 
+/// [`forward`] of several steps to different nodes at once (none of them a commit): pgmr
+/// sends them together, so they cost the slowest one's round trip, not the sum. One answer
+/// per request, in order.
+pub fn forward_each(
+    requests: Vec<(u64, mr_wire::local::ForwardRequest)>,
+) -> Result<Vec<Result<Forwarded, MrError>>, MrError> {
+    let path = gucs::sidecar_socket().ok_or(MrError::SocketNotSet)?;
+    let n = requests.len();
+    let req = LocalRequest::ForwardEach { requests };
+    let tick = || {
+        check_for_interrupts();
+        true
+    };
+    match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
+        LocalResponse::ForwardedEach { answers } if answers.len() == n => Ok(answers
+            .into_iter()
+            .map(|a| match a {
+                LocalResponse::Forwarded {
+                    processed,
+                    rows,
+                    moved,
+                    keys,
+                    deferred,
+                    wrote,
+                } => Ok(Forwarded {
+                    rows: (processed, rows, moved),
+                    keys,
+                    deferred,
+                    wrote,
+                }),
+                other => Err(write_error("forward", other)),
+            })
+            .collect()),
+        other => Err(write_error("forward_each", other)),
+    }
+}
+
 /// Whether row replication is on.
 pub fn replication_enabled() -> Result<bool, MrError> {
     match call(LocalRequest::ReplicationEnabled)? {
@@ -584,6 +621,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::FenceBarrier { .. } => "fence_barrier",
         LocalResponse::Route { .. } => "route",
         LocalResponse::Forwarded { .. } => "forwarded",
+        LocalResponse::ForwardedEach { .. } => "forwarded_each",
         LocalResponse::SqlError(_) => "sql_error",
         LocalResponse::Consistency { .. } => "consistency",
         LocalResponse::Unsupported { .. } => "unsupported",

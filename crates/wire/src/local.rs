@@ -262,6 +262,11 @@ pub enum LocalRequest {
         node_id: u64,
         request: ForwardRequest,
     },
+    /// Several [`LocalRequest::Forward`]s to different nodes at once (a split statement's
+    /// shares): [`LocalResponse::ForwardedEach`], one answer per request, in order.
+    ForwardEach {
+        requests: Vec<(u64, ForwardRequest)>,
+    },
 }
 
 /// The changes a transaction made to one (table, REGIONAL BY ROW partition).
@@ -749,6 +754,10 @@ pub enum LocalResponse {
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),
+    /// The answers to [`LocalRequest::ForwardEach`], in its order.
+    ForwardedEach {
+        answers: Vec<LocalResponse>,
+    },
     /// The request cannot be served as things are (SQLSTATE 0A000), with a hint.
     Unsupported {
         message: String,
