@@ -310,7 +310,7 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
     row(
         "same row, without its region: split over the us-east1 (here), us-west1 and europe-west1 leaseholders",
         split,
-        "63 + 87 (a share at each, one after the other) + 87 (prepare) + commit",
+        "87 (this node's share, then the us-west1 and europe-west1 shares at once) + 87 (prepare) + 87 (commit)",
     );
     exec(
         b,
