@@ -267,7 +267,12 @@ pub fn forward(
         }
         true
     };
-    match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
+    forwarded(call_local(&path, &req, FORWARD_TIMEOUT, tick)?)
+}
+
+/// A forwarded step's answer.
+fn forwarded(response: LocalResponse) -> Result<Forwarded, MrError> {
+    match response {
         LocalResponse::Forwarded {
             processed,
             rows,
@@ -299,25 +304,9 @@ pub fn forward_each(
         true
     };
     match call_local(&path, &req, FORWARD_TIMEOUT, tick)? {
-        LocalResponse::ForwardedEach { answers } if answers.len() == n => Ok(answers
-            .into_iter()
-            .map(|a| match a {
-                LocalResponse::Forwarded {
-                    processed,
-                    rows,
-                    moved,
-                    keys,
-                    deferred,
-                    wrote,
-                } => Ok(Forwarded {
-                    rows: (processed, rows, moved),
-                    keys,
-                    deferred,
-                    wrote,
-                }),
-                other => Err(write_error("forward", other)),
-            })
-            .collect()),
+        LocalResponse::ForwardedEach { answers } if answers.len() == n => {
+            Ok(answers.into_iter().map(forwarded).collect())
+        }
         other => Err(write_error("forward_each", other)),
     }
 }
