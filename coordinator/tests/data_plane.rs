@@ -2065,6 +2065,13 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
     .await
     .unwrap();
     assert_eq!(top, vec![2, 3]);
+    // A statement whose text is not its query's alone (EXPLAIN ANALYZE) is not re-planned:
+    // refused as before, not re-planned again and again.
+    let err = sqlx::raw_sql("EXPLAIN ANALYZE SELECT sum(balance) FROM accounts")
+        .execute(&mut west)
+        .await
+        .expect_err("EXPLAIN ANALYZE of a read no node holds");
+    assert_eq!(code(&err), "0A000", "{err}");
     let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
         .fetch_all(&mut west)
         .await

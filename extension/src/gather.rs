@@ -23,7 +23,7 @@ thread_local! {
     /// Set while a statement is planned again to gather its tables: the planner hook
     /// rewrites them ([`rewrite`]), once.
     static GATHERING: Cell<bool> = const { Cell::new(false) };
-    /// The plan made by the last re-planning, which is never re-planned again.
+    /// The plan last re-planned, or made by re-planning: never re-planned (again).
     static REPLANNED: Cell<usize> = const { Cell::new(0) };
 }
 
@@ -47,15 +47,20 @@ pub unsafe fn may_replan(qd: &pg_sys::QueryDesc) -> bool {
     }
 }
 
-/// Plans the statement again with its REGIONAL BY ROW tables gathered, and runs that plan
-/// instead. The new plan keeps the statement's place in its source text, so that it is
-/// forwarded as written if the rest of it runs elsewhere.
+/// Plans the statement again with its tables gathered, and runs that plan instead. The new
+/// plan keeps the statement's place in its source text, so that it is forwarded as written
+/// if the rest of it runs elsewhere. A statement whose text does not plan to one SELECT
+/// keeps its plan.
 ///
 /// # Safety
 /// `qd` is a QueryDesc about to start for which [`may_replan`] holds; an active snapshot
 /// is set (the executor's).
 #[allow(unsafe_code)]
 pub unsafe fn replan(qd: &mut pg_sys::QueryDesc) {
+    // Never asked again for this plan, whether or not a new one replaces it (a statement
+    // whose text is not its query's alone — EXPLAIN ANALYZE, CREATE TABLE AS, COPY (…) TO —
+    // keeps it, and is refused as before).
+    REPLANNED.with(|r| r.set(qd.plannedstmt as usize));
     // SAFETY: as this function's contract.
     let sql = unsafe { crate::routing::statement_sql(qd) };
     let Ok(text) = CString::new(sql) else {
