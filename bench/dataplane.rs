@@ -14,6 +14,8 @@
 //! * point-read latency: on the leaseholder (a read-index quorum round) and on the us-west1
 //!   non-voter (read index from the leaseholder: one inter-region round trip);
 //! * write throughput of the leaseholder's node, 8 clients, replication on and off;
+//! * reads no node can answer alone (PLACEMENT RESTRICTED), gathered from the leaseholders
+//!   with only the rows and columns they need, and with whole tables sent;
 //! * leaseholder failover (3 nodes, one per region): from `kill -9` of the leaseholder's node
 //!   to the first write acknowledged by another node, median of 5.
 
@@ -450,6 +452,91 @@ const BULK_RUNS: usize = 3;
 
 /// Seconds each of [`BULK_RUNS`] loads of [`BULK_ROWS`] rows into `table` took (emptied
 /// before each), sorted.
+/// Reads no node can answer alone — the database made PLACEMENT RESTRICTED, so each region's
+/// partition stays in its region — through the us-west1 node, gathered from the three
+/// leaseholders: with only the rows the query's filter keeps and the columns it reads sent
+/// (the default), next to every row and column sent (`multiregion.gather_pushdown = off`).
+/// Last in the run: the placement change moves every partition's replicas.
+async fn gathered(nodes: &[Node], b: &mut PgConnection) {
+    const PER_REGION: i32 = 10_000;
+    exec(
+        b,
+        "SELECT multiregion.execute('CREATE TABLE wide (id int PRIMARY KEY, v int NOT NULL, \
+         pad text NOT NULL) LOCALITY REGIONAL BY ROW')",
+    )
+    .await;
+    for (i, region) in ["us-east1", "us-west1", "europe-west1"].iter().enumerate() {
+        let first = i as i32 * PER_REGION + 1;
+        exec_once_settled(
+            b,
+            &format!(
+                "INSERT INTO wide (crdb_region, id, v, pad) SELECT '{region}', g, g % 1000, \
+                 repeat('x', 200) FROM generate_series({first}, {}) g",
+                first + PER_REGION - 1
+            ),
+        )
+        .await;
+    }
+    exec(
+        b,
+        "SELECT multiregion.execute('ALTER DATABASE bench PLACEMENT RESTRICTED')",
+    )
+    .await;
+    let mut w = connect_ok(&nodes[3], "bench").await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let held: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM multiregion.ranges WHERE database_name = 'bench' \
+             AND table_name = 'wide' AND 4 = ANY (voting_replicas || non_voting_replicas)",
+        )
+        .fetch_one(&mut w)
+        .await
+        .unwrap();
+        let all: Result<i64, _> = sqlx::query_scalar("SELECT count(*) FROM wide")
+            .fetch_one(&mut w)
+            .await;
+        if held == 1 && matches!(all, Ok(n) if n == 3 * PER_REGION as i64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "wide: {held} partitions held, {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "\n| gathered read through the us-west1 node ({} rows of ~220 bytes in three regions' partitions) | p50 | p99 | floor |",
+        3 * PER_REGION
+    );
+    println!("|---|---|---|---|");
+    for (what, sql) in [
+        (
+            "count(*) with a filter keeping 1 %",
+            "SELECT count(*) FROM wide WHERE v < 10",
+        ),
+        ("sum of one column", "SELECT sum(v) FROM wide"),
+    ] {
+        for pushdown in ["on", "off"] {
+            exec(
+                &mut w,
+                &format!("SET multiregion.gather_pushdown = {pushdown}"),
+            )
+            .await;
+            let label = if pushdown == "on" {
+                format!("{what}: the filter and columns sent to the leaseholders")
+            } else {
+                format!("{what}: every row and column sent (pushdown off)")
+            };
+            row(
+                &label,
+                p50_p99(latencies_text(&mut w, sql, 15).await),
+                "132 ms (RTT to the farthest leaseholder, europe-west1)",
+            );
+        }
+    }
+    exec(&mut w, "RESET multiregion.gather_pushdown").await;
+}
+
 async fn bulk_seconds(c: &mut PgConnection, table: &str) -> Vec<f64> {
     let mut out = Vec::new();
     for _ in 0..BULK_RUNS {
@@ -687,6 +774,7 @@ async fn main() {
          {off:.0} tx/s without replication ({:.0} %)\n",
         on / off * 100.0
     );
+    gathered(&nodes, &mut b).await;
     drop(nodes);
 
     // Failover, on a cluster of its own.

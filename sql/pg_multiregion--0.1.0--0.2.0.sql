@@ -404,11 +404,14 @@ CREATE  FUNCTION multiregion."post_restore"(
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'post_restore_wrapper';
 
--- multiregion.gather_rows(table): a replicated table's rows read through its leaseholders, for
--- a read no node holds every range of (PLACEMENT RESTRICTED) re-planned over them (gather.rs).
-CREATE  FUNCTION multiregion."gather_rows"(
-	"table" oid /* pg_sys :: Oid */
-) RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE 
-LANGUAGE c /* Rust */
+-- multiregion.gather_rows(table, columns, filter): a replicated table's rows read through its
+-- leaseholders, for a read no node holds every range of (PLACEMENT RESTRICTED) re-planned over
+-- them (gather.rs); only the columns the read needs, only rows passing its filter.
+CREATE FUNCTION multiregion."gather_rows"(
+	"table" oid,
+	"columns" int2[] DEFAULT NULL,
+	"filter" pg_node_tree DEFAULT NULL
+) RETURNS text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
 AS 'MODULE_PATHNAME', 'gather_rows_wrapper';

@@ -8,14 +8,18 @@
 //! `jsonb_populate_recordset` turns back into the table's row type. The rest of the plan —
 //! filters, aggregates, sorts, joins — runs here over them and the tables held here.
 //!
-//! Every row of those tables crosses the WAN once per statement (no filter is pushed to
-//! the leaseholders): the price of a question no node can answer alone.
+//! What the leaseholders send is cut down where that cannot change the answer: only the
+//! columns the query reads (so column privileges hold as for the query itself), and only the
+//! rows that pass the query's WHERE conjuncts over that table alone, when they are immutable
+//! and the table is not on the nullable side of an outer join. The conjuncts stay in the
+//! plan too; what is still shipped is every such row, once per statement (no aggregate is
+//! computed at the leaseholders): the price of a question no node can answer alone.
 
 use crate::error::MrError;
 use crate::regions::spi;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::quote_identifier;
+use pgrx::spi::{quote_identifier, quote_literal};
 use std::cell::Cell;
 use std::ffi::CString;
 
@@ -25,6 +29,9 @@ thread_local! {
     static GATHERING: Cell<bool> = const { Cell::new(false) };
     /// The plan last re-planned, or made by re-planning: never re-planned (again).
     static REPLANNED: Cell<usize> = const { Cell::new(0) };
+    /// Set while `gather_rows` reads: its scan is never gathered itself (it would gather
+    /// again, without end).
+    static IN_GATHER: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether this read can be planned again with its tables gathered: a plain SELECT, planned
@@ -44,6 +51,7 @@ pub unsafe fn may_replan(qd: &pg_sys::QueryDesc) -> bool {
             && !ps.hasModifyingCTE
             && !qd.sourceText.is_null()
             && REPLANNED.with(Cell::get) != qd.plannedstmt as usize
+            && !IN_GATHER.with(Cell::get)
     }
 }
 
@@ -132,22 +140,31 @@ pub unsafe fn rewrite(query: *mut pg_sys::Query) {
     }
     // The walk only collects (nothing in it may raise an error through PostgreSQL's C
     // walker); the entries are looked up and changed after it.
-    let mut found: Vec<*mut pg_sys::RangeTblEntry> = Vec::new();
+    let mut found: Vec<(*mut pg_sys::Query, i32)> = Vec::new();
     // SAFETY: as this function's contract; the walker follows nodeFuncs.c's contract and
     // its context is `found`, which outlives the walk.
     unsafe { relations(query.cast(), (&mut found as *mut Vec<_>).cast()) };
-    for rte in found {
-        // SAFETY: each entry is a relation's, in the query being planned.
+    for (q, index) in found {
+        // SAFETY: each pair is a query of the tree being planned and the 1-based index of a
+        // relation's entry in its range table.
         unsafe {
+            let rte = pg_sys::list_nth((*q).rtable, index - 1) as *mut pg_sys::RangeTblEntry;
             let relid = (*rte).relid;
             if crate::replication::is_replicated_table(relid) && !held_here(relid) {
-                to_gathered(rte);
+                let pushdown = crate::gucs::gather_pushdown();
+                let filter = if pushdown {
+                    pushable_filter(q, index)
+                } else {
+                    std::ptr::null_mut()
+                };
+                to_gathered(rte, filter, pushdown);
             }
         }
     }
 }
 
-/// Walker over a query tree: collects the plain and partitioned tables each Query met reads.
+/// Walker over a query tree: collects the plain and partitioned tables each Query met reads,
+/// as (query, range table index).
 #[allow(unsafe_code)]
 unsafe extern "C-unwind" fn relations(node: *mut pg_sys::Node, cx: *mut std::ffi::c_void) -> bool {
     if node.is_null() {
@@ -158,7 +175,7 @@ unsafe extern "C-unwind" fn relations(node: *mut pg_sys::Node, cx: *mut std::ffi
     unsafe {
         if (*node).type_ == pg_sys::NodeTag::T_Query {
             let q = node as *mut pg_sys::Query;
-            let found = &mut *(cx as *mut Vec<*mut pg_sys::RangeTblEntry>);
+            let found = &mut *(cx as *mut Vec<(*mut pg_sys::Query, i32)>);
             let rtable = (*q).rtable;
             if !rtable.is_null() {
                 for i in 0..(*rtable).length {
@@ -169,7 +186,7 @@ unsafe extern "C-unwind" fn relations(node: *mut pg_sys::Node, cx: *mut std::ffi
                             || ((*rte).relkind as u8 == pg_sys::RELKIND_PARTITIONED_TABLE
                                 && (*rte).inh))
                     {
-                        found.push(rte);
+                        found.push((q, i + 1));
                     }
                 }
             }
@@ -180,15 +197,18 @@ unsafe extern "C-unwind" fn relations(node: *mut pg_sys::Node, cx: *mut std::ffi
 }
 
 /// Turns a relation's range table entry into
-/// `jsonb_populate_recordset(NULL::<its row type>, multiregion.gather_rows(<it>)::jsonb)`:
-/// the same columns, dropped ones included, so the query's references to it stay valid.
-/// The table's privileges and row security are checked by the gathering scan itself, which
-/// runs as the current user.
+/// `jsonb_populate_recordset(NULL::<its row type>, multiregion.gather_rows(<it>, <columns>,
+/// <filter>)::jsonb)`: the same columns, dropped ones included, so the query's references
+/// to it stay valid; those it does not read are NULL. The table's privileges and row
+/// security are checked by the gathering scan itself, which runs as the current user (so
+/// the entry's own row security quals go: they would see the unread columns as NULL).
 ///
 /// # Safety
-/// `rte` is a relation's entry in a query being planned.
+/// `rte` is a relation's entry in a query being planned; `filter` is null or an expression
+/// over that relation alone as range table entry 1. `project`: ask only for the columns the
+/// query reads.
 #[allow(unsafe_code)]
-unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry) {
+unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node, project: bool) {
     // SAFETY: the relation is locked by analysis; the nodes built are palloc'd in the
     // planner's memory context, like the entry they go into.
     unsafe {
@@ -200,7 +220,14 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry) {
         }
         let natts = (*(*rel).rd_att).natts;
         pg_sys::RelationClose(rel);
-        let gather = function_oid(&["multiregion", "gather_rows"], &[pg_sys::OIDOID]);
+        let gather = function_oid(
+            &["multiregion", "gather_rows"],
+            &[
+                pg_sys::OIDOID,
+                pg_sys::INT2ARRAYOID,
+                pg_sys::PG_NODE_TREEOID,
+            ],
+        );
         let populate = function_oid(
             &["pg_catalog", "jsonb_populate_recordset"],
             &[pg_sys::ANYELEMENTOID, pg_sys::JSONBOID],
@@ -214,10 +241,58 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry) {
             false,
             true,
         );
+        let read = if project {
+            read_columns((*rte).selectedCols)
+        } else {
+            None
+        };
+        let columns = match read {
+            None => pg_sys::makeNullConst(pg_sys::INT2ARRAYOID, -1, pg_sys::InvalidOid),
+            Some(attnums) => {
+                let datums: Vec<pg_sys::Datum> =
+                    attnums.iter().map(|a| pg_sys::Datum::from(*a)).collect();
+                let array = pg_sys::construct_array(
+                    datums.as_ptr() as *mut pg_sys::Datum,
+                    datums.len() as i32,
+                    pg_sys::INT2OID,
+                    2,
+                    true,
+                    pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
+                );
+                pg_sys::makeConst(
+                    pg_sys::INT2ARRAYOID,
+                    -1,
+                    pg_sys::InvalidOid,
+                    -1,
+                    pg_sys::Datum::from(array),
+                    false,
+                    false,
+                )
+            }
+        };
+        let filter = if filter.is_null() {
+            pg_sys::makeNullConst(pg_sys::PG_NODE_TREEOID, -1, pg_sys::InvalidOid)
+        } else {
+            // A pg_node_tree, which no client can write (its input function refuses): the
+            // filter gather_rows deparses is always one PostgreSQL built.
+            let tree = pg_sys::cstring_to_text(pg_sys::nodeToString(filter.cast()));
+            pg_sys::makeConst(
+                pg_sys::PG_NODE_TREEOID,
+                -1,
+                pg_sys::DEFAULT_COLLATION_OID,
+                -1,
+                pg_sys::Datum::from(tree),
+                false,
+                false,
+            )
+        };
+        let mut gather_args = list1(table.cast());
+        gather_args = pg_sys::lappend(gather_args, columns.cast());
+        gather_args = pg_sys::lappend(gather_args, filter.cast());
         let rows = pg_sys::makeFuncExpr(
             gather,
             pg_sys::TEXTOID,
-            list1(table.cast()),
+            gather_args,
             pg_sys::InvalidOid,
             pg_sys::InvalidOid,
             pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
@@ -258,6 +333,167 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry) {
         (*rte).requiredPerms = 0;
         (*rte).checkAsUser = pg_sys::InvalidOid;
         (*rte).selectedCols = std::ptr::null_mut();
+        (*rte).securityQuals = std::ptr::null_mut();
+    }
+}
+
+/// The columns a query reads of a relation (its entry's `selectedCols`), or `None` for all
+/// of them (a whole-row reference).
+///
+/// # Safety
+/// `cols` is a range table entry's `selectedCols`.
+#[allow(unsafe_code)]
+unsafe fn read_columns(cols: *mut pg_sys::Bitmapset) -> Option<Vec<i16>> {
+    let offset = pg_sys::FirstLowInvalidHeapAttributeNumber;
+    let mut out = Vec::new();
+    let mut member = -1;
+    loop {
+        // SAFETY: a valid (possibly empty, null) bitmapset of the entry.
+        member = unsafe { pg_sys::bms_next_member(cols, member) };
+        if member < 0 {
+            return Some(out);
+        }
+        let attnum = member + offset;
+        if attnum == 0 {
+            return None;
+        }
+        if attnum > 0 {
+            out.push(attnum as i16);
+        }
+    }
+}
+
+/// The conjuncts of a query's WHERE clause that the leaseholders can apply to a relation's
+/// rows before sending them, with the relation as range table entry 1; null if none. A
+/// conjunct qualifies when it reads only that relation's columns (no parameters, sublinks
+/// or outer references) and no mutable function (a leaseholder's `now()` is not this
+/// transaction's), and the relation is not on the nullable side of an outer join (there a
+/// WHERE clause filters the joined rows: `WHERE t.x IS NULL` keeps rows t did not match).
+///
+/// # Safety
+/// `q` is a query being planned and `index` the 1-based index of a relation's range table
+/// entry in it.
+#[allow(unsafe_code)]
+unsafe fn pushable_filter(q: *mut pg_sys::Query, index: i32) -> *mut pg_sys::Node {
+    // SAFETY: the join tree and its quals are nodes of `q`; the copies are palloc'd in the
+    // planner's context.
+    unsafe {
+        let jt = (*q).jointree;
+        if jt.is_null() || (*jt).quals.is_null() || !inner_side(jt.cast(), index).unwrap_or(false) {
+            return std::ptr::null_mut();
+        }
+        let conjuncts = pg_sys::make_ands_implicit((*jt).quals.cast());
+        let mut kept: *mut pg_sys::List = std::ptr::null_mut();
+        if !conjuncts.is_null() {
+            for i in 0..(*conjuncts).length {
+                let c = pg_sys::list_nth(conjuncts, i) as *mut pg_sys::Node;
+                let mut cx = OnlyOf { index, ok: true };
+                only_of(c, (&mut cx as *mut OnlyOf).cast());
+                if !cx.ok || pg_sys::contain_mutable_functions(c) {
+                    continue;
+                }
+                let copy = pg_sys::copyObjectImpl(c.cast()) as *mut pg_sys::Node;
+                pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    crate::rewrite::ChangeVarNodes(copy, index, 1, 0)
+                });
+                kept = pg_sys::lappend(kept, copy.cast());
+            }
+        }
+        if kept.is_null() {
+            std::ptr::null_mut()
+        } else {
+            pg_sys::make_ands_explicit(kept).cast()
+        }
+    }
+}
+
+/// Whether range table entry `index` is in this join tree node: `Some(true)` where every
+/// row of the result comes from one of its rows (inner joins, the preserved side of an
+/// outer join), `Some(false)` on a nullable side, `None` if it is not there.
+///
+/// # Safety
+/// `node` is a node of a query's join tree (FromExpr, JoinExpr, RangeTblRef) or null.
+#[allow(unsafe_code)]
+unsafe fn inner_side(node: *mut pg_sys::Node, index: i32) -> Option<bool> {
+    if node.is_null() {
+        return None;
+    }
+    // SAFETY: each cast follows the node's tag.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_RangeTblRef => {
+                ((*(node as *mut pg_sys::RangeTblRef)).rtindex == index).then_some(true)
+            }
+            pg_sys::NodeTag::T_FromExpr => {
+                let list = (*(node as *mut pg_sys::FromExpr)).fromlist;
+                if list.is_null() {
+                    return None;
+                }
+                (0..(*list).length)
+                    .find_map(|i| inner_side(pg_sys::list_nth(list, i) as *mut pg_sys::Node, index))
+            }
+            pg_sys::NodeTag::T_JoinExpr => {
+                let j = node as *mut pg_sys::JoinExpr;
+                let left = inner_side((*j).larg, index);
+                let right = inner_side((*j).rarg, index);
+                let (left_nullable, right_nullable) = match (*j).jointype {
+                    pg_sys::JoinType::JOIN_INNER => (false, false),
+                    pg_sys::JoinType::JOIN_LEFT => (false, true),
+                    pg_sys::JoinType::JOIN_RIGHT => (true, false),
+                    _ => (true, true),
+                };
+                match (left, right) {
+                    (Some(inner), _) => Some(inner && !left_nullable),
+                    (_, Some(inner)) => Some(inner && !right_nullable),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What [`only_of`] checks an expression against.
+struct OnlyOf {
+    index: i32,
+    ok: bool,
+}
+
+/// Expression walker: clears `ok` (and stops) at anything but this query level's columns of
+/// relation `index`, constants, operators and functions — a parameter, a sublink, an
+/// aggregate, a system or whole-row column, another relation's or an outer query's column.
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn only_of(node: *mut pg_sys::Node, cx: *mut std::ffi::c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: `cx` is the caller's OnlyOf; each cast follows the node's tag.
+    unsafe {
+        let cx_ref = &mut *(cx as *mut OnlyOf);
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Var => {
+                let v = node as *mut pg_sys::Var;
+                if (*v).varlevelsup != 0 || (*v).varno != cx_ref.index || (*v).varattno <= 0 {
+                    cx_ref.ok = false;
+                    return true;
+                }
+                false
+            }
+            pg_sys::NodeTag::T_Param
+            | pg_sys::NodeTag::T_SubLink
+            | pg_sys::NodeTag::T_Query
+            | pg_sys::NodeTag::T_Aggref
+            | pg_sys::NodeTag::T_WindowFunc
+            | pg_sys::NodeTag::T_GroupingFunc
+            | pg_sys::NodeTag::T_PlaceHolderVar
+            | pg_sys::NodeTag::T_CurrentOfExpr
+            | pg_sys::NodeTag::T_NextValueExpr
+            | pg_sys::NodeTag::T_SetToDefault => {
+                cx_ref.ok = false;
+                true
+            }
+            _ => pg_sys::expression_tree_walker(node, Some(only_of), cx),
+        }
     }
 }
 
@@ -311,17 +547,78 @@ unsafe fn function_oid(name: &[&str], args: &[pg_sys::Oid]) -> pg_sys::Oid {
     }
 }
 
-/// Every row of a replicated table as a JSON array of objects (`to_jsonb` of each), read
-/// through the leaseholders as a plain scan of the table is, as the current user (its
-/// privileges and row security apply). For statements re-planned by this module.
-#[pg_extern(schema = "multiregion", volatile, parallel_unsafe)]
-fn gather_rows(table: pg_sys::Oid) -> String {
+/// The rows of a replicated table as a JSON array of objects, read through the leaseholders
+/// as a plain scan of the table is, as the current user (its privileges, column privileges
+/// and row security apply): only `columns` (attribute numbers; all if NULL) and only rows
+/// passing `filter` (an expression over the table, which only PostgreSQL can have written:
+/// no client can make a `pg_node_tree`). For statements re-planned by this module.
+#[pg_extern(
+    schema = "multiregion",
+    sql = r#"
+CREATE FUNCTION multiregion."gather_rows"(
+	"table" oid,
+	"columns" int2[] DEFAULT NULL,
+	"filter" pg_node_tree DEFAULT NULL
+) RETURNS text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'gather_rows_wrapper';
+"#
+)]
+fn gather_rows(
+    table: Option<pg_sys::Oid>,
+    columns: Option<Vec<Option<i16>>>,
+    filter: Option<&str>,
+) -> String {
+    let table = table.unwrap_or_else(|| {
+        MrError::BadArgument {
+            what: "table",
+            value: "NULL".into(),
+            expected: "a table's oid",
+        }
+        .raise()
+    });
     let (schema, name) = qualified(table).unwrap_or_else(|e| e.raise());
+    let names = column_names(table, columns).unwrap_or_else(|e| e.raise());
+    // One object per row, built from the columns asked for (`jsonb_build_object` converts each
+    // value as `to_jsonb` of the row would), in calls of at most 50 pairs (a function takes
+    // 100 arguments). The scan keeps the table as its one FROM item, which is what a share
+    // of a split read is.
+    let object = if names.is_empty() {
+        "'{}'::pg_catalog.jsonb".to_string()
+    } else {
+        names
+            .chunks(50)
+            .map(|chunk| {
+                let pairs = chunk
+                    .iter()
+                    .map(|c| format!("{}, r.{}", quote_literal(c), quote_identifier(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                format!("pg_catalog.jsonb_build_object({pairs})")
+            })
+            .collect::<Vec<_>>()
+            .join(" OPERATOR(pg_catalog.||) ")
+    };
+    let filter = match filter {
+        None => String::new(),
+        Some(tree) => format!(
+            " WHERE {}",
+            deparse(table, tree).unwrap_or_else(|e| e.raise())
+        ),
+    };
     let sql = format!(
-        "SELECT pg_catalog.to_jsonb(r)::text FROM {}.{} r",
+        "SELECT ({object})::text FROM {}.{} r{filter}",
         quote_identifier(&schema),
         quote_identifier(&name)
     );
+    struct Leave(bool);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            IN_GATHER.with(|g| g.set(self.0));
+        }
+    }
+    let _leave = Leave(IN_GATHER.with(|g| g.replace(true)));
     let rows = spi::read_rows(&sql, vec![]);
     let mut out = String::from("[");
     for (i, row) in rows.into_iter().enumerate() {
@@ -338,6 +635,73 @@ fn gather_rows(table: pg_sys::Oid) -> String {
     }
     out.push(']');
     out
+}
+
+/// The names of a table's columns by attribute number (every column not dropped, in order,
+/// for `None`).
+#[allow(unsafe_code)]
+fn column_names(
+    table: pg_sys::Oid,
+    columns: Option<Vec<Option<i16>>>,
+) -> Result<Vec<String>, MrError> {
+    // SAFETY: the relation is opened and closed here; its descriptor is read while open.
+    unsafe {
+        let rel = pg_sys::RelationIdGetRelation(table);
+        if rel.is_null() {
+            return Err(MrError::NoSuchTable(table.to_u32().to_string()));
+        }
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts;
+        let attrs = (*desc).attrs.as_slice(natts as usize);
+        let live = |n: i16| -> Option<String> {
+            let a = attrs.get((n as usize).checked_sub(1)?)?;
+            (!a.attisdropped).then(|| {
+                std::ffi::CStr::from_ptr(a.attname.data.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        };
+        let out = match columns {
+            None => Ok((1..=natts as i16).filter_map(live).collect()),
+            Some(wanted) => wanted
+                .into_iter()
+                .map(|n| {
+                    n.and_then(live).ok_or_else(|| MrError::NoSuchColumn {
+                        table: table.to_u32().to_string(),
+                        column: n.map(|n| n.to_string()).unwrap_or_else(|| "NULL".into()),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>(),
+        };
+        pg_sys::RelationClose(rel);
+        out
+    }
+}
+
+/// A filter tree over a table (as range table entry 1) as SQL text over alias `r`, checked to
+/// read only that table's columns.
+#[allow(unsafe_code)]
+fn deparse(table: pg_sys::Oid, tree: &str) -> Result<String, MrError> {
+    let bad = || MrError::BadArgument {
+        what: "filter",
+        value: tree.chars().take(80).collect(),
+        expected: "an expression over the table's own columns",
+    };
+    let text = CString::new(tree).map_err(|_| bad())?;
+    // SAFETY: a pg_node_tree is nodeToString's output (its input function refuses anything
+    // else), which stringToNode reads back; the walker only reads it; deparsing runs
+    // PostgreSQL's own rule printer over a context naming the table.
+    unsafe {
+        let node = pg_sys::stringToNode(text.as_ptr()) as *mut pg_sys::Node;
+        let mut cx = OnlyOf { index: 1, ok: true };
+        only_of(node, (&mut cx as *mut OnlyOf).cast());
+        if node.is_null() || !cx.ok {
+            return Err(bad());
+        }
+        let context = pg_sys::deparse_context_for(c"r".as_ptr(), table);
+        let sql = pg_sys::deparse_expression(node, context, true, false);
+        Ok(std::ffi::CStr::from_ptr(sql).to_string_lossy().into_owned())
+    }
 }
 
 /// A table's schema and name.

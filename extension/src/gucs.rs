@@ -27,6 +27,11 @@ static ENABLE_AUTO_REHOMING: GucSetting<bool> = GucSetting::<bool>::new(false);
 /// waits until this node holds every write acknowledged before it began.
 static SNAPSHOT_BARRIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Whether a gathered read (gather.rs) asks the leaseholders for only the columns it reads
+/// and the rows its own filter keeps. Off, every row and column is sent: the baseline the
+/// data-plane benchmark measures against.
+static GATHER_PUSHDOWN: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// CockroachDB's `override_multi_region_zone_config`: lets `CONFIGURE ZONE` change the fields
 /// a multi-region database derives.
 static OVERRIDE_MULTI_REGION_ZONE_CONFIG: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -103,6 +108,15 @@ pub fn init() {
         c"Its one snapshot then holds every write acknowledged anywhere before it began, as \
           pg_dump needs; pgmr's own snapshot readers turn it off.",
         &SNAPSHOT_BARRIER,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"multiregion.gather_pushdown",
+        c"A read gathered from the leaseholders asks them only for the columns and rows it needs.",
+        c"Its WHERE conjuncts over one table (immutable, not on an outer join's nullable side) \
+          and the columns it reads are sent with the request; off, whole tables are sent.",
+        &GATHER_PUSHDOWN,
         GucContext::Userset,
         GucFlags::default(),
     );
@@ -184,6 +198,10 @@ pub fn sidecar_socket() -> Option<PathBuf> {
 
 pub fn snapshot_barrier() -> bool {
     SNAPSHOT_BARRIER.get()
+}
+
+pub fn gather_pushdown() -> bool {
+    GATHER_PUSHDOWN.get()
 }
 
 pub fn enable_auto_rehoming() -> bool {

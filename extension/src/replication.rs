@@ -388,6 +388,52 @@ unsafe fn is_replicated(relid: pg_sys::Oid) -> bool {
     }
 }
 
+/// Whether a plan reads any relation: a scan node anywhere in it, its subplans included. A
+/// read whose every relation the planner proved empty for its filter (all partitions
+/// excluded by their constraints, `WHERE id IS NULL` on a key) reads none, and needs no
+/// leaseholder, barrier or gathering: it is answered here.
+///
+/// # Safety
+/// `ps` is a planned statement, valid for the call.
+#[allow(unsafe_code)]
+pub unsafe fn reads_a_relation(ps: &pg_sys::PlannedStmt) -> bool {
+    // SAFETY: as this function's contract; each cast follows the plan node's tag.
+    unsafe fn any(plans: *mut pg_sys::List) -> bool {
+        if plans.is_null() {
+            return false;
+        }
+        // SAFETY: a list of plan nodes of the statement.
+        unsafe {
+            (0..(*plans).length).any(|i| scans(pg_sys::list_nth(plans, i) as *mut pg_sys::Plan))
+        }
+    }
+    // SAFETY: as above.
+    unsafe fn scans(plan: *mut pg_sys::Plan) -> bool {
+        use pg_sys::NodeTag::*;
+        if plan.is_null() {
+            return false;
+        }
+        // SAFETY: `plan` is a node of the statement's plan tree; casts follow its tag.
+        unsafe {
+            let inner = match (*plan).type_ {
+                T_SeqScan | T_SampleScan | T_IndexScan | T_IndexOnlyScan | T_BitmapIndexScan
+                | T_BitmapHeapScan | T_TidScan | T_TidRangeScan | T_ForeignScan | T_CustomScan => {
+                    return true
+                }
+                T_Append => any((*(plan as *mut pg_sys::Append)).appendplans),
+                T_MergeAppend => any((*(plan as *mut pg_sys::MergeAppend)).mergeplans),
+                T_BitmapAnd => any((*(plan as *mut pg_sys::BitmapAnd)).bitmapplans),
+                T_BitmapOr => any((*(plan as *mut pg_sys::BitmapOr)).bitmapplans),
+                T_SubqueryScan => scans((*(plan as *mut pg_sys::SubqueryScan)).subplan),
+                _ => false,
+            };
+            inner || scans((*plan).lefttree) || scans((*plan).righttree)
+        }
+    }
+    // SAFETY: as this function's contract.
+    unsafe { scans(ps.planTree) || any(ps.subplans) }
+}
+
 /// The (table, REGIONAL BY ROW partition) ranges a planned statement touches: every
 /// replicated relation in its range table; a partitioned table whose partitions are not
 /// listed (an INSERT's target: rows are routed as they are written) stands for all of them.

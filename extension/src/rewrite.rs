@@ -44,7 +44,7 @@ unsafe extern "C-unwind" {
         nomatch_varno: c_int,
         outer_has_sublinks: *mut bool,
     ) -> *mut pg_sys::Node;
-    fn ChangeVarNodes(
+    pub(crate) fn ChangeVarNodes(
         node: *mut pg_sys::Node,
         old_varno: c_int,
         new_varno: c_int,

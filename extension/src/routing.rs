@@ -243,6 +243,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             ps.canSetTag,
         )
     };
+    // SAFETY: the planned statement is valid for the query's life.
+    if !write && unsafe { !replication::reads_a_relation(&*qd.plannedstmt) } {
+        return;
+    }
     // SAFETY: as this function's contract.
     let targets = unsafe { replication::statement_targets(qd) };
     if targets.is_empty() {
