@@ -218,8 +218,26 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
         if rel.is_null() || reltype == pg_sys::InvalidOid {
             return;
         }
-        let natts = (*(*rel).rd_att).natts;
+        let desc = (*rel).rd_att;
+        let natts = (*desc).natts;
+        // Columns of a domain that refuses NULL are always asked for: `jsonb_populate_recordset`
+        // runs a missing column's NULL through its domain's checks.
+        let domains: Vec<(i16, pg_sys::Oid)> = (*desc)
+            .attrs
+            .as_slice(natts as usize)
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| {
+                !a.attisdropped && pg_sys::get_typtype(a.atttypid) == pg_sys::TYPTYPE_DOMAIN as i8
+            })
+            .map(|(i, a)| (i as i16 + 1, a.atttypid))
+            .collect();
         pg_sys::RelationClose(rel);
+        let domains: Vec<i16> = domains
+            .into_iter()
+            .filter(|&(_, typ)| refuses_null(typ))
+            .map(|(attnum, _)| attnum)
+            .collect();
         let gather = function_oid(
             &["multiregion", "gather_rows"],
             &[
@@ -242,7 +260,16 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
             true,
         );
         let read = if project {
-            read_columns((*rte).selectedCols)
+            read_columns((*rte).selectedCols).map(|mut cols| {
+                cols.extend(
+                    domains
+                        .iter()
+                        .filter(|d| !cols.contains(d))
+                        .collect::<Vec<_>>(),
+                );
+                cols.sort_unstable();
+                cols
+            })
         } else {
             None
         };
@@ -334,6 +361,71 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
         (*rte).checkAsUser = pg_sys::InvalidOid;
         (*rte).selectedCols = std::ptr::null_mut();
         (*rte).securityQuals = std::ptr::null_mut();
+    }
+}
+
+/// Whether a domain may refuse NULL: NOT NULL at some level of it, or a CHECK constraint not
+/// known to be NULL for a NULL value (which passes): `VALUE IS NOT NULL`, `coalesce(VALUE,
+/// 0) > 0` may refuse; `VALUE > 0` and the region type's `valid_region(VALUE, …)` do not.
+#[allow(unsafe_code)]
+fn refuses_null(domain: pg_sys::Oid) -> bool {
+    let rows = spi::read_rows(
+        "WITH RECURSIVE chain(oid) AS (SELECT $1 UNION ALL \
+           SELECT t.typbasetype FROM pg_catalog.pg_type t JOIN chain ON t.oid = chain.oid \
+           WHERE t.typtype = 'd') \
+         SELECT t.typnotnull::text, c.conbin::text FROM chain \
+         JOIN pg_catalog.pg_type t ON t.oid = chain.oid \
+         LEFT JOIN pg_catalog.pg_constraint c ON c.contypid = t.oid AND c.contype = 'c'",
+        vec![pgrx::datum::DatumWithOid::from(domain)],
+    );
+    rows.into_iter().any(|row| {
+        let not_null = row.first().and_then(|v| v.as_deref()) == Some("true");
+        let check = row.get(1).cloned().flatten();
+        not_null
+            || check.is_some_and(|tree| {
+                let Ok(tree) = CString::new(tree) else {
+                    return true;
+                };
+                // SAFETY: `conbin` is nodeToString's output, read back as PostgreSQL's
+                // catalog readers do; the walk only reads the tree.
+                unsafe { !null_for_null(pg_sys::stringToNode(tree.as_ptr()) as *mut pg_sys::Node) }
+            })
+    })
+}
+
+/// Whether a domain check expression is NULL when the value checked is: the value itself,
+/// or a strict function or operator of an argument that is (through relabelings and I/O
+/// coercions). Anything else is not known to be.
+///
+/// # Safety
+/// `node` is an expression tree, or null.
+#[allow(unsafe_code)]
+unsafe fn null_for_null(node: *mut pg_sys::Node) -> bool {
+    use pg_sys::NodeTag::*;
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: each cast follows the node's tag; lookups of functions by oid.
+    unsafe {
+        let any_arg = |args: *mut pg_sys::List| {
+            !args.is_null()
+                && (0..(*args).length)
+                    .any(|i| null_for_null(pg_sys::list_nth(args, i) as *mut pg_sys::Node))
+        };
+        match (*node).type_ {
+            T_CoerceToDomainValue => true,
+            T_RelabelType => null_for_null((*(node as *mut pg_sys::RelabelType)).arg.cast()),
+            T_CoerceViaIO => null_for_null((*(node as *mut pg_sys::CoerceViaIO)).arg.cast()),
+            T_FuncExpr => {
+                let f = node as *mut pg_sys::FuncExpr;
+                pg_sys::func_strict((*f).funcid) && any_arg((*f).args)
+            }
+            T_OpExpr => {
+                let o = node as *mut pg_sys::OpExpr;
+                pg_sys::func_strict(pg_sys::get_opcode((*o).opno)) && any_arg((*o).args)
+            }
+            _ => false,
+        }
     }
 }
 

@@ -1422,7 +1422,13 @@ impl Ranges {
                         self.me,
                         holder(range_id, h).map_or("none yet".into(), |h| h.to_string())
                     ),
-                    hint: "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into(),
+                    hint: if modifies {
+                        "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into()
+                    } else {
+                        // A read that is routed as a write: a locking read, or one under
+                        // REPEATABLE READ or SERIALIZABLE, which needs one snapshot.
+                        "Name the rows' region (WHERE crdb_region = ...) so that the statement reads one partition, read each region's rows in its own statement, or run the read under READ COMMITTED (without FOR UPDATE/SHARE), where rows no node holds together are gathered from their leaseholders.".into()
+                    },
                 });
             }
             // Nor may it read here a range the transaction changed on its leaseholder: this
