@@ -806,11 +806,13 @@ impl Node {
                 txn_nodes,
                 one_leaseholder,
                 may_gather,
+                inserted,
             } => match self
                 .ranges()
                 .route(
                     &database,
                     &targets,
+                    &inserted,
                     crate::range::Routing {
                         write,
                         modifies,

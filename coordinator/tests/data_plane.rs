@@ -2152,6 +2152,63 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await
         .unwrap();
     assert_eq!(counted, 3);
+    // One INSERT with rows for every region, through the node that holds only its own
+    // partition: the rows for the others are written at their leaseholders (it was refused:
+    // the partitions its VALUES name were taken for partitions it reads).
+    let mut ids: Vec<i32> = sqlx::query_scalar(
+        "INSERT INTO dom (crdb_region, id, p) VALUES \
+         ('us-east1', 11, 1), ('us-west1', 12, 2), ('europe-west1', 13, 3) RETURNING id",
+    )
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    ids.sort();
+    assert_eq!(ids, vec![11, 12, 13]);
+    // Upserts decided where the conflicting row is leased: 11 exists in us-east1.
+    let ids: Vec<i32> = sqlx::query_scalar(
+        "INSERT INTO dom (crdb_region, id, p) VALUES ('us-east1', 11, 9), ('europe-west1', 14, 4) \
+         ON CONFLICT DO NOTHING RETURNING id",
+    )
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    assert_eq!(ids, vec![14]);
+    // A duplicate key in another region's partition fails the whole statement: the new
+    // us-west1 row is not kept either.
+    let err = sqlx::raw_sql(
+        "INSERT INTO dom (crdb_region, id, p) VALUES ('us-west1', 15, 5), ('europe-west1', 13, 3)",
+    )
+    .execute(&mut west)
+    .await
+    .expect_err("a duplicate key leased in europe-west1");
+    assert_eq!(code(&err), "23505", "{err}");
+    // INSERT … SELECT from a table whose other partitions are leased elsewhere: its rows are
+    // gathered from their leaseholders, and the new rows go to theirs.
+    let mut ids: Vec<i32> = sqlx::query_scalar(
+        "INSERT INTO dom (crdb_region, id, p) \
+         SELECT crdb_region, id + 100, 7 FROM accounts WHERE id IN (1, 3, 6) RETURNING id",
+    )
+    .fetch_all(&mut west)
+    .await
+    .unwrap();
+    ids.sort();
+    assert_eq!(ids, vec![101, 103, 106]);
+    for (i, region) in REGIONS.iter().enumerate() {
+        let mut c = connect(&nodes[i], "mr").await.unwrap();
+        let mut here: Vec<(i32, i32)> = sqlx::query_as(&format!(
+            "SELECT id, p::int FROM dom WHERE crdb_region = '{region}'"
+        ))
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        here.sort();
+        let want = match *region {
+            "us-east1" => vec![(1, 5), (11, 1), (101, 7)],
+            "us-west1" => vec![(2, 5), (12, 2), (103, 7)],
+            _ => vec![(3, 5), (13, 3), (14, 4), (106, 7)],
+        };
+        assert_eq!(here, want, "{region} at its leaseholder");
+    }
     // A filter the planner proves false for every partition reads nothing, here: sent to
     // the leaseholders, it made a scan of no partition that asked to be gathered again,
     // without end (the backend's stack overflowed).

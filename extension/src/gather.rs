@@ -6,7 +6,9 @@
 //! runs on each leaseholder over its own partitions (the split read of ARCHITECTURE.md §9)
 //! or whole on the leaseholder of a table of one range, and returns the rows, which
 //! `jsonb_populate_recordset` turns back into the table's row type. The rest of the plan —
-//! filters, aggregates, sorts, joins — runs here over them and the tables held here.
+//! filters, aggregates, sorts, joins — runs here over them and the tables held here. An
+//! `INSERT … SELECT` is gathered the same way (READ COMMITTED): its target is not, and its
+//! rows go to their partitions' leaseholders as any INSERT's do (`crate::moved`).
 //!
 //! What the leaseholders send is cut down where that cannot change the answer: only the
 //! columns the query reads (so column privileges hold as for the query itself), and only the
@@ -34,18 +36,20 @@ thread_local! {
     static IN_GATHER: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether this read can be planned again with its tables gathered: a plain SELECT, planned
-/// here from text this backend has (not already so planned).
+/// Whether this statement can be planned again with the tables it reads gathered: a plain
+/// SELECT, or an INSERT (whose rows then go to their partitions' leaseholders as any
+/// INSERT's do), planned here from text this backend has (not already so planned).
 ///
 /// # Safety
 /// `qd` is a QueryDesc about to start.
 #[allow(unsafe_code)]
 pub unsafe fn may_replan(qd: &pg_sys::QueryDesc) -> bool {
+    use pg_sys::CmdType::{CMD_INSERT, CMD_SELECT};
     // SAFETY: the planned statement is valid for the query's life.
     unsafe {
         let ps = &*qd.plannedstmt;
-        qd.operation == pg_sys::CmdType::CMD_SELECT
-            && ps.commandType == pg_sys::CmdType::CMD_SELECT
+        matches!(qd.operation, CMD_SELECT | CMD_INSERT)
+            && ps.commandType == qd.operation
             && ps.utilityStmt.is_null()
             && ps.rowMarks.is_null()
             && !ps.hasModifyingCTE
@@ -112,7 +116,7 @@ pub unsafe fn replan(qd: &mut pg_sys::QueryDesc) {
             return;
         }
         let query = pg_sys::list_nth(queries, 0) as *mut pg_sys::Query;
-        if (*query).commandType != pg_sys::CmdType::CMD_SELECT || !(*query).utilityStmt.is_null() {
+        if (*query).commandType != qd.operation || !(*query).utilityStmt.is_null() {
             return;
         }
         let plan = pg_sys::pg_plan_query(query, text.as_ptr(), 0, qd.params);
@@ -145,6 +149,11 @@ pub unsafe fn rewrite(query: *mut pg_sys::Query) {
     // its context is `found`, which outlives the walk.
     unsafe { relations(query.cast(), (&mut found as *mut Vec<_>).cast()) };
     for (q, index) in found {
+        // An INSERT's target is written, not read: its rows are routed as they are written.
+        // SAFETY: `q` is a query of the tree being planned.
+        if unsafe { (*q).resultRelation } == index {
+            continue;
+        }
         // SAFETY: each pair is a query of the tree being planned and the 1-based index of a
         // relation's entry in its range table.
         unsafe {

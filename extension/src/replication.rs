@@ -434,16 +434,34 @@ pub unsafe fn reads_a_relation(ps: &pg_sys::PlannedStmt) -> bool {
     unsafe { scans(ps.planTree) || any(ps.subplans) }
 }
 
-/// The (table, REGIONAL BY ROW partition) ranges a planned statement touches: every
-/// replicated relation in its range table; a partitioned table whose partitions are not
-/// listed (an INSERT's target: rows are routed as they are written) stands for all of them.
+/// A (table, REGIONAL BY ROW partition) range; no partition: every one of the table's.
+pub type RangeTarget = (mr_meta::TableRef, Option<String>);
+
+/// The (table, REGIONAL BY ROW partition) ranges a planned statement touches
+/// ([`touched_ranges`]).
 ///
 /// # Safety
-/// `qd` holds a planned statement whose relations are locked by the executor's caller.
+/// As [`touched_ranges`].
 #[allow(unsafe_code)]
 pub unsafe fn statement_targets(
     qd: &pg_sys::QueryDesc,
 ) -> Vec<(mr_meta::TableRef, Option<String>)> {
+    // SAFETY: as this function's contract.
+    unsafe { touched_ranges(qd) }.0
+}
+
+/// The (table, REGIONAL BY ROW partition) ranges a planned statement touches: every
+/// replicated relation in its range table; a partitioned table whose partitions are not
+/// listed (an INSERT's target: rows are routed as they are written) stands for all of them.
+/// Second, the partitions among them that an INSERT's VALUES only write rows into (nothing
+/// in the statement scans them): no replica of those is needed where the INSERT runs.
+///
+/// # Safety
+/// `qd` holds a planned statement whose relations are locked by the executor's caller.
+#[allow(unsafe_code)]
+pub unsafe fn touched_ranges(
+    qd: &pg_sys::QueryDesc,
+) -> (Vec<RangeTarget>, Vec<(mr_meta::TableRef, String)>) {
     let mut relids = Vec::new();
     // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
     // the query's life; each relation in it is locked by the executor's caller.
@@ -463,7 +481,7 @@ pub unsafe fn statement_targets(
         }
     }
     if relids.is_empty() {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
     let database = crate::routing::database();
     let mut targets: Vec<(mr_meta::TableRef, Option<String>)> = Vec::new();
@@ -482,6 +500,7 @@ pub unsafe fn statement_targets(
     }
     // An INSERT into a partitioned table: the partitions its rows go to, when they can be
     // known before it runs.
+    let mut inserted = Vec::new();
     // SAFETY: as this function's contract; the target relation is in the range table.
     if let Some((relid, values)) = unsafe { insert_partitions(qd) } {
         if let Some(t) = target(relid) {
@@ -492,9 +511,10 @@ pub unsafe fn statement_targets(
             };
             targets.retain(|(x, p)| !(x == &r && p.is_none()));
             for v in values {
-                let entry = (r.clone(), Some(v));
+                let entry = (r.clone(), Some(v.clone()));
                 if !targets.contains(&entry) {
                     targets.push(entry);
+                    inserted.push((r.clone(), v));
                 }
             }
         }
@@ -505,7 +525,7 @@ pub unsafe fn statement_targets(
         .map(|(t, _)| t.clone())
         .collect();
     targets.retain(|(t, p)| p.is_some() || !partitioned.contains(t));
-    targets
+    (targets, inserted)
 }
 
 /// Whether the statement may write rows into partitions of a replicated table other than

@@ -248,7 +248,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         return;
     }
     // SAFETY: as this function's contract.
-    let targets = unsafe { replication::statement_targets(qd) };
+    let (targets, inserted) = unsafe { replication::touched_ranges(qd) };
     if targets.is_empty() {
         return;
     }
@@ -366,11 +366,16 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         modifies,
         splittable,
         one_leaseholder,
+        // An INSERT may gather what it reads too: its rows go to their partitions'
+        // leaseholders after (READ COMMITTED: each gathered table is read as of its own
+        // leaseholders' statement, as a read's are).
         // SAFETY: as this function's contract.
-        may_gather: !write
+        may_gather: (!write
+            || (qd.operation == pg_sys::CmdType::CMD_INSERT && !snapshot_isolation && !rewritten))
             && !has_remotes
             && !dynamic_params
             && unsafe { crate::gather::may_replan(qd) },
+        inserted,
     };
     match sidecar::route_with(database(), targets, txn_nodes, how) {
         Ok(r) if r.gather => {

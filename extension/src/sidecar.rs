@@ -167,7 +167,7 @@ pub fn route(
 }
 
 /// What a statement asks of `route_with` besides its targets (`LocalRequest::Route`).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct RouteHow {
     pub write: bool,
     pub modifies: bool,
@@ -178,6 +178,9 @@ pub struct RouteHow {
     /// A read this backend can re-plan over its REGIONAL BY ROW tables gathered from their
     /// leaseholders: answered with `gather` where no node holds a copy of every range.
     pub may_gather: bool,
+    /// Partitions among the targets that an INSERT's VALUES only write rows into
+    /// ([`crate::replication::touched_ranges`]).
+    pub inserted: Vec<(mr_meta::TableRef, String)>,
 }
 
 /// [`route`] with every question `Route` takes.
@@ -196,6 +199,7 @@ pub fn route_with(
         txn_nodes,
         one_leaseholder: how.one_leaseholder,
         may_gather: how.may_gather,
+        inserted: how.inserted,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {

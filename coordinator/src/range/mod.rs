@@ -320,8 +320,8 @@ struct Resolved {
     enabled: bool,
     /// (range id, leaseholder).
     ranges: BTreeSet<(u64, Option<u64>)>,
-    /// Ranges included only because a partitioned table was named without a partition (an
-    /// INSERT's target, whose rows are routed as they are written).
+    /// Ranges an INSERT only routes rows into: every partition of a table named without
+    /// one (rows are routed as they are written), or the partitions its VALUES name.
     expanded: BTreeSet<u64>,
     /// Targets of replicated tables without a range yet.
     missing: Vec<String>,
@@ -1319,6 +1319,7 @@ impl Ranges {
         &self,
         database: &str,
         targets: &[(TableRef, Option<String>)],
+        inserted: &[(TableRef, String)],
         how: Routing,
         txn_nodes: &[u64],
     ) -> Result<Route, WriteError> {
@@ -1332,9 +1333,30 @@ impl Ranges {
         let Resolved {
             enabled,
             ranges,
-            expanded,
+            mut expanded,
             ..
         } = self.resolve_settled(database, targets).await;
+        // Partitions an INSERT's VALUES name are routed into as well, unless the statement
+        // also reads their range (a table not split into partitions yet is one range).
+        if !inserted.is_empty() {
+            let is_inserted = |(t, p): &(TableRef, Option<String>)| {
+                inserted
+                    .iter()
+                    .any(|(x, q)| x == t && Some(q) == p.as_ref())
+            };
+            let read: BTreeSet<u64> = targets
+                .iter()
+                .filter(|t| !is_inserted(t))
+                .filter_map(|(t, p)| self.range_of(t, p))
+                .collect();
+            expanded.extend(
+                targets
+                    .iter()
+                    .filter(|t| is_inserted(t))
+                    .filter_map(|(t, p)| self.range_of(t, p))
+                    .filter(|r| !read.contains(r)),
+            );
+        }
         let here = |enabled| Route {
             enabled,
             forward_to: None,
@@ -1411,11 +1433,18 @@ impl Ranges {
             // Leased on several nodes: the statement runs here, and its commit is refused if
             // it wrote a range leased elsewhere. But it must not read a range this node holds
             // no copy of (it would find nothing there and say so as if it had looked), except
-            // the partitions an INSERT merely routes rows into.
+            // the partitions an INSERT merely routes rows into. An INSERT that can read such
+            // tables gathered from their leaseholders does.
             if let Some(&(range_id, h)) = ranges
                 .iter()
                 .find(|&&(r, _)| !expanded.contains(&r) && self.listed_group(r).is_none())
             {
+                if may_gather {
+                    return Ok(Route {
+                        gather: true,
+                        ..here(true)
+                    });
+                }
                 return Err(WriteError::Unsupported {
                     message: format!(
                         "the statement touches ranges leased on different nodes, and node {} holds no replica of range {range_id} (leaseholder: node {})",

@@ -255,6 +255,12 @@ pub enum LocalRequest {
         /// is `gather` rather than an error.
         #[serde(default)]
         may_gather: bool,
+        /// Partitions among `targets` that an INSERT only writes rows into (its VALUES name
+        /// their regions) and nothing in the statement reads: like a table named without a
+        /// partition, they need no replica here and no read barrier, since rows for a
+        /// partition leased elsewhere are written at its leaseholder (`mixed`).
+        #[serde(default)]
+        inserted: Vec<(TableRef, String)>,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
