@@ -515,25 +515,34 @@ async fn gathered(nodes: &[Node], b: &mut PgConnection) {
             "SELECT count(*) FROM wide WHERE v < 10",
         ),
         ("sum of one column", "SELECT sum(v) FROM wide"),
+        (
+            "count and sum per region",
+            "SELECT crdb_region, count(*), sum(v) FROM wide GROUP BY 1",
+        ),
     ] {
-        for pushdown in ["on", "off"] {
+        // Aggregated at the leaseholders; the rows the filter keeps, only the columns read;
+        // every row and column.
+        for (partial, pushdown, how) in [
+            ("on", "on", "aggregated at the leaseholders"),
+            ("off", "on", "the filter and columns sent, rows aggregated here"),
+            ("off", "off", "every row and column sent"),
+        ] {
             exec(
                 &mut w,
-                &format!("SET multiregion.gather_pushdown = {pushdown}"),
+                &format!(
+                    "SET multiregion.gather_partial_aggregates = {partial}; \
+                     SET multiregion.gather_pushdown = {pushdown}"
+                ),
             )
             .await;
-            let label = if pushdown == "on" {
-                format!("{what}: the filter and columns sent to the leaseholders")
-            } else {
-                format!("{what}: every row and column sent (pushdown off)")
-            };
             row(
-                &label,
+                &format!("{what}: {how}"),
                 p50_p99(latencies_text(&mut w, sql, 15).await),
                 "132 ms (RTT to the farthest leaseholder, europe-west1)",
             );
         }
     }
+    exec(&mut w, "RESET multiregion.gather_partial_aggregates").await;
     exec(&mut w, "RESET multiregion.gather_pushdown").await;
 }
 

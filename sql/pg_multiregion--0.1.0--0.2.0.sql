@@ -415,3 +415,16 @@ CREATE FUNCTION multiregion."gather_rows"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'gather_rows_wrapper';
+
+-- multiregion.gather_partials(table, groups, aggregates, filter): each leaseholder's
+-- aggregates over its partitions, grouped, for a gathered aggregate combined here
+-- (partial_agg.rs).
+CREATE FUNCTION multiregion."gather_partials"(
+	"table" oid,
+	"groups" int2[],
+	"aggregates" pg_node_tree,
+	"filter" pg_node_tree DEFAULT NULL
+) RETURNS text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'gather_partials_wrapper';

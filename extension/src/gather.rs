@@ -142,6 +142,11 @@ pub unsafe fn rewrite(query: *mut pg_sys::Query) {
     if !GATHERING.with(|g| g.replace(false)) || query.is_null() {
         return;
     }
+    // An aggregate over one table the leaseholders can compute in parts.
+    // SAFETY: as this function's contract.
+    if crate::gucs::gather_pushdown() && unsafe { crate::partial_agg::try_rewrite(query) } {
+        return;
+    }
     // The walk only collects (nothing in it may raise an error through PostgreSQL's C
     // walker); the entries are looked up and changed after it.
     let mut found: Vec<(*mut pg_sys::Query, i32)> = Vec::new();
@@ -475,22 +480,40 @@ unsafe fn read_columns(cols: *mut pg_sys::Bitmapset) -> Option<Vec<i16>> {
 /// `q` is a query being planned and `index` the 1-based index of a relation's range table
 /// entry in it.
 #[allow(unsafe_code)]
-unsafe fn pushable_filter(q: *mut pg_sys::Query, index: i32) -> *mut pg_sys::Node {
+pub(crate) unsafe fn pushable_filter(q: *mut pg_sys::Query, index: i32) -> *mut pg_sys::Node {
+    // SAFETY: as this function's contract.
+    unsafe { pushable_conjuncts(q, index).0 }
+}
+
+/// [`pushable_filter`], and whether it is the whole WHERE clause (every conjunct qualified).
+///
+/// # Safety
+/// As [`pushable_filter`].
+#[allow(unsafe_code)]
+pub(crate) unsafe fn pushable_conjuncts(
+    q: *mut pg_sys::Query,
+    index: i32,
+) -> (*mut pg_sys::Node, bool) {
     // SAFETY: the join tree and its quals are nodes of `q`; the copies are palloc'd in the
     // planner's context.
     unsafe {
         let jt = (*q).jointree;
-        if jt.is_null() || (*jt).quals.is_null() || !inner_side(jt.cast(), index).unwrap_or(false) {
-            return std::ptr::null_mut();
+        if jt.is_null() || (*jt).quals.is_null() {
+            return (std::ptr::null_mut(), true);
+        }
+        if !inner_side(jt.cast(), index).unwrap_or(false) {
+            return (std::ptr::null_mut(), false);
         }
         let conjuncts = pg_sys::make_ands_implicit((*jt).quals.cast());
         let mut kept: *mut pg_sys::List = std::ptr::null_mut();
+        let mut all = true;
         if !conjuncts.is_null() {
             for i in 0..(*conjuncts).length {
                 let c = pg_sys::list_nth(conjuncts, i) as *mut pg_sys::Node;
                 let mut cx = OnlyOf { index, ok: true };
                 only_of(c, (&mut cx as *mut OnlyOf).cast());
                 if !cx.ok || pg_sys::contain_mutable_functions(c) {
+                    all = false;
                     continue;
                 }
                 let copy = pg_sys::copyObjectImpl(c.cast()) as *mut pg_sys::Node;
@@ -500,11 +523,12 @@ unsafe fn pushable_filter(q: *mut pg_sys::Query, index: i32) -> *mut pg_sys::Nod
                 kept = pg_sys::lappend(kept, copy.cast());
             }
         }
-        if kept.is_null() {
+        let filter = if kept.is_null() {
             std::ptr::null_mut()
         } else {
             pg_sys::make_ands_explicit(kept).cast()
-        }
+        };
+        (filter, all)
     }
 }
 
@@ -555,16 +579,19 @@ unsafe fn inner_side(node: *mut pg_sys::Node, index: i32) -> Option<bool> {
 }
 
 /// What [`only_of`] checks an expression against.
-struct OnlyOf {
-    index: i32,
-    ok: bool,
+pub(crate) struct OnlyOf {
+    pub(crate) index: i32,
+    pub(crate) ok: bool,
 }
 
 /// Expression walker: clears `ok` (and stops) at anything but this query level's columns of
 /// relation `index`, constants, operators and functions — a parameter, a sublink, an
 /// aggregate, a system or whole-row column, another relation's or an outer query's column.
 #[allow(unsafe_code)]
-unsafe extern "C-unwind" fn only_of(node: *mut pg_sys::Node, cx: *mut std::ffi::c_void) -> bool {
+pub(crate) unsafe extern "C-unwind" fn only_of(
+    node: *mut pg_sys::Node,
+    cx: *mut std::ffi::c_void,
+) -> bool {
     if node.is_null() {
         return false;
     }
@@ -600,7 +627,7 @@ unsafe extern "C-unwind" fn only_of(node: *mut pg_sys::Node, cx: *mut std::ffi::
 
 /// Whether this node holds a replica of every range of a replicated table (read here, after
 /// its read barrier, it needs no gathering).
-fn held_here(table: pg_sys::Oid) -> bool {
+pub(crate) fn held_here(table: pg_sys::Oid) -> bool {
     let Ok((schema, name)) = qualified(table) else {
         return false;
     };
@@ -621,7 +648,7 @@ fn held_here(table: pg_sys::Oid) -> bool {
 /// # Safety
 /// `node` is a palloc'd node.
 #[allow(unsafe_code)]
-unsafe fn list1(node: *mut std::ffi::c_void) -> *mut pg_sys::List {
+pub(crate) unsafe fn list1(node: *mut std::ffi::c_void) -> *mut pg_sys::List {
     // SAFETY: as this function's contract; lappend to NIL makes a new list.
     unsafe { pg_sys::lappend(std::ptr::null_mut(), node) }
 }
@@ -632,7 +659,7 @@ unsafe fn list1(node: *mut std::ffi::c_void) -> *mut pg_sys::List {
 /// # Safety
 /// Called in a transaction.
 #[allow(unsafe_code)]
-unsafe fn function_oid(name: &[&str], args: &[pg_sys::Oid]) -> pg_sys::Oid {
+pub(crate) unsafe fn function_oid(name: &[&str], args: &[pg_sys::Oid]) -> pg_sys::Oid {
     // SAFETY: builds a list of String nodes from palloc'd copies; LookupFuncName raises an
     // error if the function is missing.
     unsafe {
@@ -681,26 +708,14 @@ fn gather_rows(
     });
     let (schema, name) = qualified(table).unwrap_or_else(|e| e.raise());
     let names = column_names(table, columns).unwrap_or_else(|e| e.raise());
-    // One object per row, built from the columns asked for (`jsonb_build_object` converts each
-    // value as `to_jsonb` of the row would), in calls of at most 50 pairs (a function takes
-    // 100 arguments). The scan keeps the table as its one FROM item, which is what a share
-    // of a split read is.
-    let object = if names.is_empty() {
-        "'{}'::pg_catalog.jsonb".to_string()
-    } else {
-        names
-            .chunks(50)
-            .map(|chunk| {
-                let pairs = chunk
-                    .iter()
-                    .map(|c| format!("{}, r.{}", quote_literal(c), quote_identifier(c)))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                format!("pg_catalog.jsonb_build_object({pairs})")
-            })
-            .collect::<Vec<_>>()
-            .join(" OPERATOR(pg_catalog.||) ")
-    };
+    // One object per row, built from the columns asked for. The scan keeps the table as its
+    // one FROM item, which is what a share of a split read is.
+    let object = json_object(
+        &names
+            .iter()
+            .map(|c| (c.clone(), format!("r.{}", quote_identifier(c))))
+            .collect::<Vec<_>>(),
+    );
     let filter = match filter {
         None => String::new(),
         Some(tree) => format!(
@@ -713,6 +728,34 @@ fn gather_rows(
         quote_identifier(&schema),
         quote_identifier(&name)
     );
+    json_rows(&sql)
+}
+
+/// A JSON object of (key, SQL expression) pairs as SQL: `jsonb_build_object` converts each
+/// value as `to_jsonb` of a row would, in calls of at most 50 pairs (a function takes 100
+/// arguments). Keys are quoted as literals; the expressions are the caller's, built from
+/// quoted identifiers or deparsed trees.
+pub(crate) fn json_object(pairs: &[(String, String)]) -> String {
+    if pairs.is_empty() {
+        return "'{}'::pg_catalog.jsonb".to_string();
+    }
+    pairs
+        .chunks(50)
+        .map(|chunk| {
+            let pairs = chunk
+                .iter()
+                .map(|(k, v)| format!("{}, {v}", quote_literal(k)))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("pg_catalog.jsonb_build_object({pairs})")
+        })
+        .collect::<Vec<_>>()
+        .join(" OPERATOR(pg_catalog.||) ")
+}
+
+/// The rows of `sql`, a gathering read whose one column is a row as JSON text, as one JSON
+/// array. Its scan is never gathered itself.
+pub(crate) fn json_rows(sql: &str) -> String {
     struct Leave(bool);
     impl Drop for Leave {
         fn drop(&mut self) {
@@ -720,7 +763,7 @@ fn gather_rows(
         }
     }
     let _leave = Leave(IN_GATHER.with(|g| g.replace(true)));
-    let rows = spi::read_rows(&sql, vec![]);
+    let rows = spi::read_rows(sql, vec![]);
     let mut out = String::from("[");
     for (i, row) in rows.into_iter().enumerate() {
         if i > 0 {
@@ -741,7 +784,7 @@ fn gather_rows(
 /// The names of a table's columns by attribute number (every column not dropped, in order,
 /// for `None`).
 #[allow(unsafe_code)]
-fn column_names(
+pub(crate) fn column_names(
     table: pg_sys::Oid,
     columns: Option<Vec<Option<i16>>>,
 ) -> Result<Vec<String>, MrError> {
@@ -782,7 +825,7 @@ fn column_names(
 /// A filter tree over a table (as range table entry 1) as SQL text over alias `r`, checked to
 /// read only that table's columns.
 #[allow(unsafe_code)]
-fn deparse(table: pg_sys::Oid, tree: &str) -> Result<String, MrError> {
+pub(crate) fn deparse(table: pg_sys::Oid, tree: &str) -> Result<String, MrError> {
     let bad = || MrError::BadArgument {
         what: "filter",
         value: tree.chars().take(80).collect(),
@@ -807,7 +850,7 @@ fn deparse(table: pg_sys::Oid, tree: &str) -> Result<String, MrError> {
 
 /// A table's schema and name.
 #[allow(unsafe_code)]
-fn qualified(table: pg_sys::Oid) -> Result<(String, String), MrError> {
+pub(crate) fn qualified(table: pg_sys::Oid) -> Result<(String, String), MrError> {
     // SAFETY: catalog lookups returning palloc'd copies, or null for a missing relation.
     unsafe {
         let name = pg_sys::get_rel_name(table);

@@ -32,6 +32,10 @@ static SNAPSHOT_BARRIER: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// data-plane benchmark measures against.
 static GATHER_PUSHDOWN: GucSetting<bool> = GucSetting::<bool>::new(true);
 
+/// Whether a gathered aggregate over one table is computed in parts at the leaseholders
+/// (partial_agg.rs). Off, the rows are sent and aggregated here: the benchmark's baseline.
+static GATHER_PARTIAL_AGGREGATES: GucSetting<bool> = GucSetting::<bool>::new(true);
+
 /// CockroachDB's `override_multi_region_zone_config`: lets `CONFIGURE ZONE` change the fields
 /// a multi-region database derives.
 static OVERRIDE_MULTI_REGION_ZONE_CONFIG: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -121,6 +125,16 @@ pub fn init() {
         GucFlags::default(),
     );
     GucRegistry::define_bool_guc(
+        c"multiregion.gather_partial_aggregates",
+        c"A gathered aggregate over one table is computed in parts at the leaseholders.",
+        c"Each leaseholder aggregates its partitions' rows by the query's groups and only those \
+          results are sent and combined (count, sum, min, max, bool_and, bool_or); off, the \
+          rows are sent.",
+        &GATHER_PARTIAL_AGGREGATES,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
         c"multiregion.override_multi_region_zone_config",
         c"CONFIGURE ZONE may change the fields a multi-region database derives.",
         c"Placement fields (num_replicas, num_voters, constraints, voter_constraints, \
@@ -202,6 +216,10 @@ pub fn snapshot_barrier() -> bool {
 
 pub fn gather_pushdown() -> bool {
     GATHER_PUSHDOWN.get()
+}
+
+pub fn gather_partial_aggregates() -> bool {
+    GATHER_PARTIAL_AGGREGATES.get()
 }
 
 pub fn enable_auto_rehoming() -> bool {

@@ -12,6 +12,7 @@ mod gucs;
 mod hooks;
 mod insert_rows;
 mod moved;
+mod partial_agg;
 mod region_filter;
 mod regions;
 mod replication;

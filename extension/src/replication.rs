@@ -659,6 +659,11 @@ unsafe fn splittable_read(qd: &pg_sys::QueryDesc) -> bool {
         if ps.hasModifyingCTE || ps.rtable.is_null() || !ps.subplans.is_null() {
             return false;
         }
+        // Aggregates computed at the leaseholders for a gathered read: each share's rows are
+        // its partial results, which the gathering statement combines.
+        if crate::partial_agg::partial_scan() {
+            return one_table(ps);
+        }
         let mut top = ps.planTree;
         // FOR UPDATE / FOR SHARE: each share locks its rows where they are leased.
         if !top.is_null() && (*top).type_ == T_LockRows && (*top).initPlan.is_null() {
@@ -690,7 +695,19 @@ unsafe fn splittable_read(qd: &pg_sys::QueryDesc) -> bool {
                 return false;
             }
         }
-        // Only the table and its partitions: a parent and leaves of it.
+        one_table(ps)
+    }
+}
+
+/// Whether a plan's relations are one REGIONAL BY ROW table and its partitions: a parent and
+/// leaves of it.
+///
+/// # Safety
+/// `ps` is a planned statement whose range table is not empty.
+#[allow(unsafe_code)]
+unsafe fn one_table(ps: &pg_sys::PlannedStmt) -> bool {
+    // SAFETY: as this function's contract.
+    unsafe {
         let mut parent = None;
         for i in 0..(*ps.rtable).length {
             let rte = pg_sys::list_nth(ps.rtable, i) as *mut pg_sys::RangeTblEntry;

@@ -335,8 +335,16 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     // READ ONLY one may read copies: it writes nothing a skew could break.)
     // SAFETY: reads a backend global.
     let one_leaseholder = snapshot_isolation && unsafe { !pg_sys::XactReadOnly };
-    // The nodes where this transaction has changes this node's copies lack.
-    let txn_nodes: Vec<u64> = REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect());
+    // The nodes where this transaction has changes this node's copies lack. Under READ
+    // COMMITTED a part that only read (a split read's share, a foreign key's check) has
+    // none: reads need not go where it is.
+    let txn_nodes: Vec<u64> = REMOTE.with(|r| {
+        r.borrow()
+            .iter()
+            .filter(|x| snapshot_isolation || x.wrote)
+            .map(|x| x.node)
+            .collect()
+    });
     if let (true, Some(node)) = (snapshot_isolation, first_remote) {
         refuse_dynamic(node);
         // REPEATABLE READ and SERIALIZABLE need one snapshot and one place where conflicts
@@ -358,9 +366,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         forward_to(node);
         return;
     }
-    // A READ COMMITTED transaction with parts elsewhere reads where the rows are leased, so
-    // that it sees its own writes there.
-    let has_remotes = first_remote.is_some();
+    // A READ COMMITTED transaction with changes elsewhere reads where the rows are leased,
+    // so that it sees its own writes there. (Parts that only read do not count: after a
+    // split read left one behind, a gathered read was refused.)
+    let has_remotes = REMOTE.with(|r| r.borrow().iter().any(|x| !x.keys_only && x.wrote));
     let how = sidecar::RouteHow {
         write: write || has_remotes,
         modifies,
@@ -458,7 +467,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     };
                     COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, tail }));
                 }
-                if has_remotes {
+                // Locks held elsewhere too (a read-only part's FOR UPDATE): a wait here may
+                // be one side of a deadlock no node sees whole.
+                if first_remote.is_some() {
                     set_local_lock_timeout();
                 }
             }

@@ -1453,6 +1453,10 @@ impl Ranges {
                     ),
                     hint: if modifies {
                         "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into()
+                    } else if !txn_nodes.is_empty() && !one_leaseholder {
+                        // READ COMMITTED, after changes on other nodes: a gathered read
+                        // would read tables held here without them.
+                        format!("This transaction has uncommitted changes on node(s) {}: rows no node holds together are gathered only in a transaction without changes elsewhere. Name the rows' region (WHERE crdb_region = ...), read before making those changes, or read after the commit.", txn_nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "))
                     } else {
                         // A read that is routed as a write: a locking read, or one under
                         // REPEATABLE READ or SERIALIZABLE, which needs one snapshot.

@@ -1,0 +1,737 @@
+//! Aggregates computed at the leaseholders for gathered reads (ARCHITECTURE.md §9).
+//!
+//! A gathered aggregate over one table (`SELECT region, count(*), sum(v) FROM t WHERE …
+//! GROUP BY region`) shipped every row that passed its filter to be aggregated here. When
+//! every piece of it can be split, it is computed in two steps instead, as PostgreSQL's own
+//! parallel aggregation is: each leaseholder runs the aggregates over its partitions, grouped
+//! by the same columns (`multiregion.gather_partials`: one row per group and leaseholder
+//! crosses the WAN), and the statement here combines them — a sum of the counts and sums, the
+//! least of the minimums — with its HAVING, ORDER BY and LIMIT applied as before.
+//!
+//! Split only when the answer cannot change: one table, the whole WHERE clause sent along
+//! (immutable, its own columns), plain grouping columns, and aggregates that combine as
+//! themselves (`min`, `max`, `bool_and`, `bool_or`, `every`, `sum` over a type whose sum is the
+//! same type) or as a sum (`count`, `sum` of integers). Anything else (DISTINCT or ORDER BY in
+//! an aggregate, `avg`, a user-defined aggregate, a grouping set, a window) gathers the rows.
+//! A sum of floating-point values may differ in its last digits from one over the rows in
+//! another order, as parallel aggregation's does.
+
+use crate::error::MrError;
+use crate::gather::{
+    column_names, function_oid, held_here, json_object, json_rows, list1, only_of,
+    pushable_conjuncts, qualified, OnlyOf,
+};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+use std::ffi::{c_void, CString};
+
+type Mutator = unsafe extern "C-unwind" fn() -> *mut pg_sys::Node;
+
+/// How one aggregate's per-leaseholder results combine here.
+struct Combine {
+    /// The aggregate over the partial results (the same one, or `sum`).
+    aggregate: pg_sys::Oid,
+    /// Its result type.
+    returns: pg_sys::Oid,
+    /// A cast of that result back to the original aggregate's type (`count` and sums of
+    /// integers: `sum(int8)` is numeric), if needed.
+    cast: Option<pg_sys::Oid>,
+}
+
+/// Rewrites a query to be planned whose one relation is a replicated table this node lacks
+/// some ranges of into an aggregate over `multiregion.gather_partials`; whether it did.
+///
+/// # Safety
+/// `q` is the top-level Query the planner is about to plan, ours to change.
+#[allow(unsafe_code)]
+pub unsafe fn try_rewrite(q: *mut pg_sys::Query) -> bool {
+    // SAFETY: as this function's contract; each read follows the Query's documented shape.
+    unsafe {
+        if !crate::gucs::gather_partial_aggregates() || !shape_fits(q) {
+            return false;
+        }
+        let rte = pg_sys::list_nth((*q).rtable, 0) as *mut pg_sys::RangeTblEntry;
+        let relid = (*rte).relid;
+        if !crate::replication::is_replicated_table(relid) || held_here(relid) {
+            return false;
+        }
+        let (filter, whole) = pushable_conjuncts(q, 1);
+        if !whole {
+            return false;
+        }
+        // The grouping columns, in the order of the GROUP BY clause.
+        let mut groups: Vec<*mut pg_sys::Var> = Vec::new();
+        let clauses = (*q).groupClause;
+        for i in 0..list_len(clauses) {
+            let sgc = pg_sys::list_nth(clauses, i) as *mut pg_sys::SortGroupClause;
+            let tle = pg_sys::get_sortgroupclause_tle(sgc, (*q).targetList);
+            let e = (*tle).expr as *mut pg_sys::Node;
+            if e.is_null() || (*e).type_ != pg_sys::NodeTag::T_Var {
+                return false;
+            }
+            let v = e as *mut pg_sys::Var;
+            if (*v).varno != 1 || (*v).varlevelsup != 0 || (*v).varattno <= 0 {
+                return false;
+            }
+            if !groups.iter().any(|g| (**g).varattno == (*v).varattno) {
+                groups.push(v);
+            }
+        }
+        // The aggregates, and no column read outside them but a grouping one.
+        let mut cx = Collect {
+            groups: groups.iter().map(|g| (**g).varattno).collect(),
+            aggrefs: Vec::new(),
+            ok: true,
+        };
+        let tlist = (*q).targetList;
+        for i in 0..list_len(tlist) {
+            let tle = pg_sys::list_nth(tlist, i) as *mut pg_sys::TargetEntry;
+            collect((*tle).expr.cast(), (&mut cx as *mut Collect).cast());
+        }
+        collect((*q).havingQual, (&mut cx as *mut Collect).cast());
+        if !cx.ok || cx.aggrefs.is_empty() {
+            return false;
+        }
+        let mut combines = Vec::with_capacity(cx.aggrefs.len());
+        for &a in &cx.aggrefs {
+            match combine(a) {
+                Some(c) => combines.push(c),
+                None => return false,
+            }
+        }
+        to_partials(q, rte, filter, &groups, &cx.aggrefs, &combines);
+        true
+    }
+}
+
+/// One table, aggregated, with nothing that needs its rows here.
+///
+/// # Safety
+/// `q` is a Query being planned.
+#[allow(unsafe_code)]
+unsafe fn shape_fits(q: *mut pg_sys::Query) -> bool {
+    // SAFETY: reads fields of the Query.
+    unsafe {
+        let q = &*q;
+        if q.commandType != pg_sys::CmdType::CMD_SELECT
+            || !q.utilityStmt.is_null()
+            || !q.hasAggs
+            || q.hasWindowFuncs
+            || q.hasTargetSRFs
+            || q.hasSubLinks
+            || q.hasModifyingCTE
+            || q.hasForUpdate
+            || q.hasRowSecurity
+            || !q.groupingSets.is_null()
+            || !q.rowMarks.is_null()
+            || !q.setOperations.is_null()
+            || !q.cteList.is_null()
+            || list_len(q.rtable) != 1
+            || q.jointree.is_null()
+        {
+            return false;
+        }
+        let from = (*q.jointree).fromlist;
+        if list_len(from) != 1 {
+            return false;
+        }
+        let item = pg_sys::list_nth(from, 0) as *mut pg_sys::Node;
+        if (*item).type_ != pg_sys::NodeTag::T_RangeTblRef
+            || (*(item as *mut pg_sys::RangeTblRef)).rtindex != 1
+        {
+            return false;
+        }
+        let rte = pg_sys::list_nth(q.rtable, 0) as *mut pg_sys::RangeTblEntry;
+        (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+            && matches!((*rte).relkind as u8, b'r' | b'p')
+            && (*rte).tablesample.is_null()
+            && (*rte).securityQuals.is_null()
+    }
+}
+
+/// What [`collect`] gathers and checks.
+struct Collect {
+    groups: Vec<i16>,
+    aggrefs: Vec<*mut pg_sys::Aggref>,
+    ok: bool,
+}
+
+/// Expression walker over the target list and HAVING: collects this level's aggregates whose
+/// arguments and filter the leaseholders can compute (the table's columns, immutable), and
+/// clears `ok` at any other aggregate or at a column outside them that is not grouped.
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn collect(node: *mut pg_sys::Node, cx: *mut c_void) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: `cx` is the caller's Collect; each cast follows the node's tag. Nothing here
+    // raises a PostgreSQL error (the catalog lookups come after the walk).
+    unsafe {
+        let cx_ref = &mut *(cx as *mut Collect);
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Aggref => {
+                let a = node as *mut pg_sys::Aggref;
+                let mut args = OnlyOf { index: 1, ok: true };
+                only_of((*a).args.cast(), (&mut args as *mut OnlyOf).cast());
+                only_of((*a).aggfilter.cast(), (&mut args as *mut OnlyOf).cast());
+                if (*a).agglevelsup != 0
+                    || (*a).aggkind != b'n' as std::ffi::c_char
+                    || !(*a).aggdistinct.is_null()
+                    || !(*a).aggorder.is_null()
+                    || !(*a).aggdirectargs.is_null()
+                    || (*a).aggvariadic
+                    || !args.ok
+                    || pg_sys::contain_mutable_functions(node)
+                {
+                    cx_ref.ok = false;
+                    return true;
+                }
+                cx_ref.aggrefs.push(a);
+                false
+            }
+            pg_sys::NodeTag::T_Var => {
+                let v = node as *mut pg_sys::Var;
+                if (*v).varlevelsup != 0
+                    || (*v).varno != 1
+                    || !cx_ref.groups.contains(&(*v).varattno)
+                {
+                    cx_ref.ok = false;
+                    return true;
+                }
+                false
+            }
+            pg_sys::NodeTag::T_GroupingFunc
+            | pg_sys::NodeTag::T_WindowFunc
+            | pg_sys::NodeTag::T_SubLink
+            | pg_sys::NodeTag::T_Query => {
+                cx_ref.ok = false;
+                true
+            }
+            _ => pg_sys::expression_tree_walker(node, Some(collect), cx),
+        }
+    }
+}
+
+/// How an aggregate of PostgreSQL's combines over per-leaseholder results, if it does.
+///
+/// # Safety
+/// `a` is an Aggref of the query being planned; called in a transaction.
+#[allow(unsafe_code)]
+unsafe fn combine(a: *mut pg_sys::Aggref) -> Option<Combine> {
+    // SAFETY: catalog lookups of the aggregate's function; `function_oid` finds PostgreSQL's
+    // own functions of those signatures, which exist.
+    unsafe {
+        let f = (*a).aggfnoid;
+        if pg_sys::get_func_namespace(f) != pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE) {
+            return None;
+        }
+        let name = pg_sys::get_func_name(f);
+        if name.is_null() {
+            return None;
+        }
+        let name = std::ffi::CStr::from_ptr(name).to_str().ok()?;
+        let typ = (*a).aggtype;
+        let numeric_to_int8 = || function_oid(&["pg_catalog", "int8"], &[pg_sys::NUMERICOID]);
+        match name {
+            "min" | "max" | "bool_and" | "bool_or" | "every" => Some(Combine {
+                aggregate: f,
+                returns: typ,
+                cast: None,
+            }),
+            "count" => Some(Combine {
+                aggregate: function_oid(&["pg_catalog", "sum"], &[pg_sys::INT8OID]),
+                returns: pg_sys::NUMERICOID,
+                cast: Some(numeric_to_int8()),
+            }),
+            "sum" => {
+                let sum = function_oid_opt(&["pg_catalog", "sum"], &[typ])?;
+                let returns = pg_sys::get_func_rettype(sum);
+                if returns == typ {
+                    Some(Combine {
+                        aggregate: sum,
+                        returns,
+                        cast: None,
+                    })
+                } else if typ == pg_sys::INT8OID && returns == pg_sys::NUMERICOID {
+                    Some(Combine {
+                        aggregate: sum,
+                        returns,
+                        cast: Some(numeric_to_int8()),
+                    })
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// [`function_oid`] for a function that may not exist: its oid, or `None`.
+///
+/// # Safety
+/// Called in a transaction.
+#[allow(unsafe_code)]
+unsafe fn function_oid_opt(name: &[&str], args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
+    // SAFETY: builds a list of String nodes from palloc'd copies; missing_ok returns
+    // InvalidOid instead of raising.
+    unsafe {
+        let mut names: *mut pg_sys::List = std::ptr::null_mut();
+        for part in name {
+            let c = CString::new(*part).ok()?;
+            names = pg_sys::lappend(
+                names,
+                pg_sys::makeString(pg_sys::pstrdup(c.as_ptr())).cast(),
+            );
+        }
+        let oid = pg_sys::LookupFuncName(names, args.len() as i32, args.as_ptr(), true);
+        (oid != pg_sys::InvalidOid).then_some(oid)
+    }
+}
+
+/// The length of a possibly empty (NIL) list.
+///
+/// # Safety
+/// `list` is a List or null.
+#[allow(unsafe_code)]
+unsafe fn list_len(list: *mut pg_sys::List) -> i32 {
+    // SAFETY: as this function's contract.
+    unsafe {
+        if list.is_null() {
+            0
+        } else {
+            (*list).length
+        }
+    }
+}
+
+/// What [`replace`] puts in place of the grouping columns and aggregates.
+struct Replace {
+    /// Original attribute number of each grouping column, in the partial rows' order.
+    groups: Vec<(i16, *mut pg_sys::Var)>,
+    /// Each original aggregate and the expression that combines its partial results.
+    aggrefs: Vec<(*mut pg_sys::Aggref, *mut pg_sys::Node)>,
+}
+
+/// Expression mutator: a grouping column becomes the partial rows' column, an aggregate its
+/// combination; both built before the walk (nothing here raises an error).
+#[allow(unsafe_code)]
+unsafe extern "C-unwind" fn replace(node: *mut pg_sys::Node, cx: *mut c_void) -> *mut pg_sys::Node {
+    if node.is_null() {
+        return node;
+    }
+    // SAFETY: `cx` is the caller's Replace; each cast follows the node's tag; copies are
+    // palloc'd in the planner's context.
+    unsafe {
+        let r = &*(cx as *const Replace);
+        match (*node).type_ {
+            pg_sys::NodeTag::T_Aggref => {
+                if let Some((_, new)) = r
+                    .aggrefs
+                    .iter()
+                    .find(|(a, _)| *a as *mut pg_sys::Node == node)
+                {
+                    return pg_sys::copyObjectImpl((*new).cast()).cast();
+                }
+                node
+            }
+            pg_sys::NodeTag::T_Var => {
+                let v = node as *mut pg_sys::Var;
+                if (*v).varno == 1 && (*v).varlevelsup == 0 {
+                    if let Some(i) = r
+                        .groups
+                        .iter()
+                        .position(|(attno, _)| *attno == (*v).varattno)
+                    {
+                        let g = r.groups[i].1;
+                        let new = pg_sys::makeVar(
+                            1,
+                            i as i16 + 1,
+                            (*g).vartype,
+                            (*g).vartypmod,
+                            (*g).varcollid,
+                            0,
+                        );
+                        (*new).location = (*v).location;
+                        return new.cast();
+                    }
+                }
+                node
+            }
+            _ => pg_sys::expression_tree_mutator(
+                node,
+                Some(std::mem::transmute::<
+                    unsafe extern "C-unwind" fn(
+                        *mut pg_sys::Node,
+                        *mut c_void,
+                    ) -> *mut pg_sys::Node,
+                    Mutator,
+                >(replace)),
+                cx,
+            ),
+        }
+    }
+}
+
+/// Turns the query's relation into `jsonb_to_recordset(multiregion.gather_partials(…)::jsonb)
+/// AS p(g1, …, a1, …)` (the grouping columns' values, then each aggregate's partial result),
+/// its grouping columns into the partial rows' and its aggregates into their combinations,
+/// and drops its WHERE clause (the leaseholders applied all of it).
+///
+/// # Safety
+/// As [`try_rewrite`], after its checks; `rte` is the query's one entry.
+#[allow(unsafe_code)]
+unsafe fn to_partials(
+    q: *mut pg_sys::Query,
+    rte: *mut pg_sys::RangeTblEntry,
+    filter: *mut pg_sys::Node,
+    groups: &[*mut pg_sys::Var],
+    aggrefs: &[*mut pg_sys::Aggref],
+    combines: &[Combine],
+) {
+    // SAFETY: as this function's contract; nodes are built palloc'd in the planner's context.
+    unsafe {
+        let relid = (*rte).relid;
+        let gather = function_oid(
+            &["multiregion", "gather_partials"],
+            &[
+                pg_sys::OIDOID,
+                pg_sys::INT2ARRAYOID,
+                pg_sys::PG_NODE_TREEOID,
+                pg_sys::PG_NODE_TREEOID,
+            ],
+        );
+        let to_recordset = function_oid(&["pg_catalog", "jsonb_to_recordset"], &[pg_sys::JSONBOID]);
+        let table = pg_sys::makeConst(
+            pg_sys::OIDOID,
+            -1,
+            pg_sys::InvalidOid,
+            4,
+            pg_sys::Datum::from(relid),
+            false,
+            true,
+        );
+        let datums: Vec<pg_sys::Datum> = groups
+            .iter()
+            .map(|g| pg_sys::Datum::from((**g).varattno))
+            .collect();
+        let array = pg_sys::construct_array(
+            datums.as_ptr() as *mut pg_sys::Datum,
+            datums.len() as i32,
+            pg_sys::INT2OID,
+            2,
+            true,
+            pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
+        );
+        let columns = pg_sys::makeConst(
+            pg_sys::INT2ARRAYOID,
+            -1,
+            pg_sys::InvalidOid,
+            -1,
+            pg_sys::Datum::from(array),
+            false,
+            false,
+        );
+        let tree = |node: *mut pg_sys::Node| {
+            if node.is_null() {
+                pg_sys::makeNullConst(pg_sys::PG_NODE_TREEOID, -1, pg_sys::InvalidOid)
+            } else {
+                pg_sys::makeConst(
+                    pg_sys::PG_NODE_TREEOID,
+                    -1,
+                    pg_sys::DEFAULT_COLLATION_OID,
+                    -1,
+                    pg_sys::Datum::from(pg_sys::cstring_to_text(pg_sys::nodeToString(node.cast()))),
+                    false,
+                    false,
+                )
+            }
+        };
+        let mut aggs: *mut pg_sys::List = std::ptr::null_mut();
+        for &a in aggrefs {
+            aggs = pg_sys::lappend(aggs, a.cast());
+        }
+        let mut gather_args = list1(table.cast());
+        gather_args = pg_sys::lappend(gather_args, columns.cast());
+        gather_args = pg_sys::lappend(gather_args, tree(aggs.cast()).cast());
+        gather_args = pg_sys::lappend(gather_args, tree(filter).cast());
+        let rows = pg_sys::makeFuncExpr(
+            gather,
+            pg_sys::TEXTOID,
+            gather_args,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        );
+        let as_jsonb =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::CoerceViaIO>()) as *mut pg_sys::CoerceViaIO;
+        (*as_jsonb).xpr.type_ = pg_sys::NodeTag::T_CoerceViaIO;
+        (*as_jsonb).arg = rows.cast();
+        (*as_jsonb).resulttype = pg_sys::JSONBOID;
+        (*as_jsonb).resultcollid = pg_sys::InvalidOid;
+        (*as_jsonb).coerceformat = pg_sys::CoercionForm::COERCE_EXPLICIT_CAST;
+        (*as_jsonb).location = -1;
+        let scan = pg_sys::makeFuncExpr(
+            to_recordset,
+            pg_sys::RECORDOID,
+            list1(as_jsonb.cast()),
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        );
+        (*scan).funcretset = true;
+        // The partial rows' columns: g1.. (the grouping columns' types), a1.. (each
+        // aggregate's type, which is its partial result's).
+        let mut names: *mut pg_sys::List = std::ptr::null_mut();
+        let mut types: *mut pg_sys::List = std::ptr::null_mut();
+        let mut typmods: *mut pg_sys::List = std::ptr::null_mut();
+        let mut collations: *mut pg_sys::List = std::ptr::null_mut();
+        let mut column = |name: String, typ: pg_sys::Oid, typmod: i32, coll: pg_sys::Oid| {
+            let c = CString::new(name).expect("no NUL in a column name");
+            names = pg_sys::lappend(
+                names,
+                pg_sys::makeString(pg_sys::pstrdup(c.as_ptr())).cast(),
+            );
+            types = pg_sys::lappend_oid(types, typ);
+            typmods = pg_sys::lappend_int(typmods, typmod);
+            collations = pg_sys::lappend_oid(collations, coll);
+        };
+        for (i, &g) in groups.iter().enumerate() {
+            column(
+                format!("g{}", i + 1),
+                (*g).vartype,
+                (*g).vartypmod,
+                (*g).varcollid,
+            );
+        }
+        for (i, &a) in aggrefs.iter().enumerate() {
+            column(format!("a{}", i + 1), (*a).aggtype, -1, (*a).aggcollid);
+        }
+        let f = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblFunction>())
+            as *mut pg_sys::RangeTblFunction;
+        (*f).type_ = pg_sys::NodeTag::T_RangeTblFunction;
+        (*f).funcexpr = scan.cast();
+        (*f).funccolcount = (groups.len() + aggrefs.len()) as i32;
+        (*f).funccolnames = names;
+        (*f).funccoltypes = types;
+        (*f).funccoltypmods = typmods;
+        (*f).funccolcollations = collations;
+        // Each aggregate's combination over its partial column.
+        let mut replaced = Vec::with_capacity(aggrefs.len());
+        for (i, (&a, c)) in aggrefs.iter().zip(combines).enumerate() {
+            let partial = pg_sys::makeVar(
+                1,
+                (groups.len() + i + 1) as i16,
+                (*a).aggtype,
+                -1,
+                (*a).aggcollid,
+                0,
+            );
+            let new = pg_sys::copyObjectImpl(a.cast()) as *mut pg_sys::Aggref;
+            (*new).aggfnoid = c.aggregate;
+            (*new).aggtype = c.returns;
+            (*new).aggtranstype = pg_sys::InvalidOid;
+            (*new).aggargtypes = pg_sys::lappend_oid(std::ptr::null_mut(), (*a).aggtype);
+            (*new).aggdirectargs = std::ptr::null_mut();
+            (*new).args = list1(
+                pg_sys::makeTargetEntry(partial.cast(), 1, std::ptr::null_mut(), false).cast(),
+            );
+            (*new).aggorder = std::ptr::null_mut();
+            (*new).aggdistinct = std::ptr::null_mut();
+            (*new).aggfilter = std::ptr::null_mut();
+            (*new).aggstar = false;
+            (*new).aggvariadic = false;
+            (*new).aggsplit = pg_sys::AggSplit::AGGSPLIT_SIMPLE;
+            (*new).aggno = -1;
+            (*new).aggtransno = -1;
+            let combined: *mut pg_sys::Node = match c.cast {
+                None => new.cast(),
+                Some(cast) => pg_sys::makeFuncExpr(
+                    cast,
+                    (*a).aggtype,
+                    list1(new.cast()),
+                    pg_sys::InvalidOid,
+                    pg_sys::InvalidOid,
+                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST,
+                )
+                .cast(),
+            };
+            replaced.push((a, combined));
+        }
+        let r = Replace {
+            groups: groups.iter().map(|&g| ((*g).varattno, g)).collect(),
+            aggrefs: replaced,
+        };
+        // The mutator itself at the top of each expression (nodeFuncs' mutator only visits a
+        // node's children).
+        let cx = &r as *const Replace as *mut c_void;
+        let tlist = (*q).targetList;
+        for i in 0..list_len(tlist) {
+            let tle = pg_sys::list_nth(tlist, i) as *mut pg_sys::TargetEntry;
+            (*tle).expr = replace((*tle).expr.cast(), cx).cast();
+        }
+        (*q).havingQual = replace((*q).havingQual, cx);
+        (*(*q).jointree).quals = std::ptr::null_mut();
+        // The entry: a function scan of the partial rows, checked by the gathering scans
+        // themselves (they run as the current user).
+        let mut colnames = names;
+        colnames = pg_sys::list_copy(colnames);
+        (*rte).eref = pg_sys::makeAlias(c"partials".as_ptr(), colnames);
+        (*rte).alias = std::ptr::null_mut();
+        (*rte).rtekind = pg_sys::RTEKind::RTE_FUNCTION;
+        (*rte).functions = list1(f.cast());
+        (*rte).funcordinality = false;
+        (*rte).relid = pg_sys::InvalidOid;
+        (*rte).relkind = 0;
+        (*rte).rellockmode = 0;
+        (*rte).inh = false;
+        (*rte).tablesample = std::ptr::null_mut();
+        (*rte).requiredPerms = 0;
+        (*rte).checkAsUser = pg_sys::InvalidOid;
+        (*rte).selectedCols = std::ptr::null_mut();
+        (*rte).insertedCols = std::ptr::null_mut();
+        (*rte).updatedCols = std::ptr::null_mut();
+        (*rte).securityQuals = std::ptr::null_mut();
+    }
+}
+
+thread_local! {
+    /// Set while `gather_partials` reads: its aggregate over one table may be split over the
+    /// leaseholders, whose rows are its partial results.
+    static PARTIAL_SCAN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the statement being routed is `gather_partials`' own aggregate.
+pub fn partial_scan() -> bool {
+    PARTIAL_SCAN.with(|p| p.get())
+}
+
+/// Each leaseholder's aggregates over its partitions of a replicated table, grouped by
+/// `groups` (attribute numbers), as a JSON array of objects (`g1`…: the grouping columns,
+/// `a1`…: the aggregates), read as the current user. `aggregates` is a list of aggregate
+/// calls over the table (as range table entry 1) and `filter` an expression over it: trees
+/// only PostgreSQL can have written (no client can make a `pg_node_tree`), checked to read
+/// only the table's columns. For statements re-planned by `crate::gather`.
+#[pg_extern(
+    schema = "multiregion",
+    sql = r#"
+CREATE FUNCTION multiregion."gather_partials"(
+	"table" oid,
+	"groups" int2[],
+	"aggregates" pg_node_tree,
+	"filter" pg_node_tree DEFAULT NULL
+) RETURNS text
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'gather_partials_wrapper';
+"#
+)]
+fn gather_partials(
+    table: Option<pg_sys::Oid>,
+    groups: Option<Vec<Option<i16>>>,
+    aggregates: Option<&str>,
+    filter: Option<&str>,
+) -> String {
+    fn bad(what: &'static str, expected: &'static str) -> ! {
+        MrError::BadArgument {
+            what,
+            value: "NULL".into(),
+            expected,
+        }
+        .raise()
+    }
+    let table = table.unwrap_or_else(|| bad("table", "a table's oid"));
+    let groups = groups.unwrap_or_default();
+    let aggregates = aggregates.unwrap_or_else(|| bad("aggregates", "a list of aggregates"));
+    let (schema, name) = qualified(table).unwrap_or_else(|e| e.raise());
+    let group_names = column_names(table, Some(groups)).unwrap_or_else(|e| e.raise());
+    let aggs = deparse_aggregates(table, aggregates).unwrap_or_else(|e| e.raise());
+    let mut pairs: Vec<(String, String)> = group_names
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("g{}", i + 1), format!("r.{}", quote_identifier(c))))
+        .collect();
+    pairs.extend(
+        aggs.into_iter()
+            .enumerate()
+            .map(|(i, a)| (format!("a{}", i + 1), a)),
+    );
+    let object = json_object(&pairs);
+    let filter = match filter {
+        None => String::new(),
+        Some(tree) => format!(
+            " WHERE {}",
+            crate::gather::deparse(table, tree).unwrap_or_else(|e| e.raise())
+        ),
+    };
+    let group_by = if group_names.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " GROUP BY {}",
+            group_names
+                .iter()
+                .map(|c| format!("r.{}", quote_identifier(c)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let sql = format!(
+        "SELECT ({object})::text FROM {}.{} r{filter}{group_by}",
+        quote_identifier(&schema),
+        quote_identifier(&name)
+    );
+    struct Leave(bool);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            PARTIAL_SCAN.with(|p| p.set(self.0));
+        }
+    }
+    let _leave = Leave(PARTIAL_SCAN.with(|p| p.replace(true)));
+    json_rows(&sql)
+}
+
+/// A list of aggregate calls over a table (as range table entry 1) as SQL over alias `r`,
+/// each checked to be a plain aggregate of this query level over the table's own columns.
+#[allow(unsafe_code)]
+fn deparse_aggregates(table: pg_sys::Oid, tree: &str) -> Result<Vec<String>, MrError> {
+    let bad = || MrError::BadArgument {
+        what: "aggregates",
+        value: tree.chars().take(80).collect(),
+        expected: "a list of aggregates over the table's own columns",
+    };
+    let text = CString::new(tree).map_err(|_| bad())?;
+    // SAFETY: a pg_node_tree is nodeToString's output, which stringToNode reads back; the
+    // walker only reads it; deparsing runs PostgreSQL's rule printer over a context naming
+    // the table.
+    unsafe {
+        let list = pg_sys::stringToNode(text.as_ptr()) as *mut pg_sys::List;
+        if list.is_null() || (*list).type_ != pg_sys::NodeTag::T_List {
+            return Err(bad());
+        }
+        let context = pg_sys::deparse_context_for(c"r".as_ptr(), table);
+        let mut out = Vec::new();
+        for i in 0..(*list).length {
+            let node = pg_sys::list_nth(list, i) as *mut pg_sys::Node;
+            if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Aggref {
+                return Err(bad());
+            }
+            let a = node as *mut pg_sys::Aggref;
+            let mut cx = OnlyOf { index: 1, ok: true };
+            only_of((*a).args.cast(), (&mut cx as *mut OnlyOf).cast());
+            only_of((*a).aggfilter.cast(), (&mut cx as *mut OnlyOf).cast());
+            if !cx.ok
+                || (*a).agglevelsup != 0
+                || !(*a).aggdirectargs.is_null()
+                || !(*a).aggorder.is_null()
+                || !(*a).aggdistinct.is_null()
+            {
+                return Err(bad());
+            }
+            let sql = pg_sys::deparse_expression(node, context, true, false);
+            out.push(std::ffi::CStr::from_ptr(sql).to_string_lossy().into_owned());
+        }
+        Ok(out)
+    }
+}
