@@ -524,7 +524,11 @@ async fn gathered(nodes: &[Node], b: &mut PgConnection) {
         // every row and column.
         for (partial, pushdown, how) in [
             ("on", "on", "aggregated at the leaseholders"),
-            ("off", "on", "the filter and columns sent, rows aggregated here"),
+            (
+                "off",
+                "on",
+                "the filter and columns sent, rows aggregated here",
+            ),
             ("off", "off", "every row and column sent"),
         ] {
             exec(

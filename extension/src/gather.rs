@@ -264,15 +264,6 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
             &["pg_catalog", "jsonb_populate_recordset"],
             &[pg_sys::ANYELEMENTOID, pg_sys::JSONBOID],
         );
-        let table = pg_sys::makeConst(
-            pg_sys::OIDOID,
-            -1,
-            pg_sys::InvalidOid,
-            4,
-            pg_sys::Datum::from(relid),
-            false,
-            true,
-        );
         let read = if project {
             read_columns((*rte).selectedCols).map(|mut cols| {
                 cols.extend(
@@ -287,65 +278,16 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
         } else {
             None
         };
-        let columns = match read {
-            None => pg_sys::makeNullConst(pg_sys::INT2ARRAYOID, -1, pg_sys::InvalidOid),
-            Some(attnums) => {
-                let datums: Vec<pg_sys::Datum> =
-                    attnums.iter().map(|a| pg_sys::Datum::from(*a)).collect();
-                let array = pg_sys::construct_array(
-                    datums.as_ptr() as *mut pg_sys::Datum,
-                    datums.len() as i32,
-                    pg_sys::INT2OID,
-                    2,
-                    true,
-                    pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
-                );
-                pg_sys::makeConst(
-                    pg_sys::INT2ARRAYOID,
-                    -1,
-                    pg_sys::InvalidOid,
-                    -1,
-                    pg_sys::Datum::from(array),
-                    false,
-                    false,
-                )
-            }
-        };
-        let filter = if filter.is_null() {
-            pg_sys::makeNullConst(pg_sys::PG_NODE_TREEOID, -1, pg_sys::InvalidOid)
-        } else {
-            // A pg_node_tree, which no client can write (its input function refuses): the
-            // filter gather_rows deparses is always one PostgreSQL built.
-            let tree = pg_sys::cstring_to_text(pg_sys::nodeToString(filter.cast()));
-            pg_sys::makeConst(
-                pg_sys::PG_NODE_TREEOID,
-                -1,
-                pg_sys::DEFAULT_COLLATION_OID,
-                -1,
-                pg_sys::Datum::from(tree),
-                false,
-                false,
-            )
-        };
-        let mut gather_args = list1(table.cast());
-        gather_args = pg_sys::lappend(gather_args, columns.cast());
-        gather_args = pg_sys::lappend(gather_args, filter.cast());
-        let rows = pg_sys::makeFuncExpr(
+        // The filter as a pg_node_tree, which no client can write (its input function
+        // refuses): the filter gather_rows deparses is always one PostgreSQL built.
+        let as_jsonb = gathered_jsonb(
             gather,
-            pg_sys::TEXTOID,
-            gather_args,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+            &[
+                oid_const(relid),
+                int2_array_const(read.as_deref()),
+                tree_const(filter),
+            ],
         );
-        let as_jsonb =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CoerceViaIO>()) as *mut pg_sys::CoerceViaIO;
-        (*as_jsonb).xpr.type_ = pg_sys::NodeTag::T_CoerceViaIO;
-        (*as_jsonb).arg = rows.cast();
-        (*as_jsonb).resulttype = pg_sys::JSONBOID;
-        (*as_jsonb).resultcollid = pg_sys::InvalidOid;
-        (*as_jsonb).coerceformat = pg_sys::CoercionForm::COERCE_EXPLICIT_CAST;
-        (*as_jsonb).location = -1;
         let base = pg_sys::makeNullConst(reltype, -1, pg_sys::InvalidOid);
         let mut args = list1(base.cast());
         args = pg_sys::lappend(args, as_jsonb.cast());
@@ -363,6 +305,23 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
         (*f).type_ = pg_sys::NodeTag::T_RangeTblFunction;
         (*f).funcexpr = scan.cast();
         (*f).funccolcount = natts;
+        into_function_scan(rte, f);
+    }
+}
+
+/// A relation's range table entry made a scan of function `f` (the gathered rows). The
+/// table's privileges and row security are checked by the gathering scans themselves, which
+/// run as the current user.
+///
+/// # Safety
+/// `rte` is a relation's entry in a query being planned; `f` a palloc'd RangeTblFunction.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn into_function_scan(
+    rte: *mut pg_sys::RangeTblEntry,
+    f: *mut pg_sys::RangeTblFunction,
+) {
+    // SAFETY: as this function's contract.
+    unsafe {
         (*rte).rtekind = pg_sys::RTEKind::RTE_FUNCTION;
         (*rte).functions = list1(f.cast());
         (*rte).funcordinality = false;
@@ -374,7 +333,123 @@ unsafe fn to_gathered(rte: *mut pg_sys::RangeTblEntry, filter: *mut pg_sys::Node
         (*rte).requiredPerms = 0;
         (*rte).checkAsUser = pg_sys::InvalidOid;
         (*rte).selectedCols = std::ptr::null_mut();
+        (*rte).insertedCols = std::ptr::null_mut();
+        (*rte).updatedCols = std::ptr::null_mut();
         (*rte).securityQuals = std::ptr::null_mut();
+    }
+}
+
+/// An `oid` constant.
+///
+/// # Safety
+/// Called while planning (palloc'd in the current context).
+#[allow(unsafe_code)]
+pub(crate) unsafe fn oid_const(oid: pg_sys::Oid) -> *mut pg_sys::Node {
+    // SAFETY: makeConst of a by-value datum.
+    unsafe {
+        pg_sys::makeConst(
+            pg_sys::OIDOID,
+            -1,
+            pg_sys::InvalidOid,
+            4,
+            pg_sys::Datum::from(oid),
+            false,
+            true,
+        )
+        .cast()
+    }
+}
+
+/// An `int2[]` constant of attribute numbers; NULL for `None`.
+///
+/// # Safety
+/// As [`oid_const`].
+#[allow(unsafe_code)]
+pub(crate) unsafe fn int2_array_const(attnums: Option<&[i16]>) -> *mut pg_sys::Node {
+    // SAFETY: construct_array copies the by-value datums into a palloc'd array.
+    unsafe {
+        let Some(attnums) = attnums else {
+            return pg_sys::makeNullConst(pg_sys::INT2ARRAYOID, -1, pg_sys::InvalidOid).cast();
+        };
+        let datums: Vec<pg_sys::Datum> = attnums.iter().map(|a| pg_sys::Datum::from(*a)).collect();
+        let array = pg_sys::construct_array(
+            datums.as_ptr() as *mut pg_sys::Datum,
+            datums.len() as i32,
+            pg_sys::INT2OID,
+            2,
+            true,
+            pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
+        );
+        pg_sys::makeConst(
+            pg_sys::INT2ARRAYOID,
+            -1,
+            pg_sys::InvalidOid,
+            -1,
+            pg_sys::Datum::from(array),
+            false,
+            false,
+        )
+        .cast()
+    }
+}
+
+/// A `pg_node_tree` constant of `node` (nodeToString); NULL for a null node.
+///
+/// # Safety
+/// As [`oid_const`]; `node` is a node tree or null.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn tree_const(node: *mut pg_sys::Node) -> *mut pg_sys::Node {
+    // SAFETY: nodeToString reads the tree; the text is palloc'd.
+    unsafe {
+        if node.is_null() {
+            return pg_sys::makeNullConst(pg_sys::PG_NODE_TREEOID, -1, pg_sys::InvalidOid).cast();
+        }
+        let tree = pg_sys::cstring_to_text(pg_sys::nodeToString(node.cast()));
+        pg_sys::makeConst(
+            pg_sys::PG_NODE_TREEOID,
+            -1,
+            pg_sys::DEFAULT_COLLATION_OID,
+            -1,
+            pg_sys::Datum::from(tree),
+            false,
+            false,
+        )
+        .cast()
+    }
+}
+
+/// `<gather>(<args>)::jsonb`: a gathering function's JSON text as jsonb.
+///
+/// # Safety
+/// As [`oid_const`]; `gather` returns text and takes `args`.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn gathered_jsonb(
+    gather: pg_sys::Oid,
+    args: &[*mut pg_sys::Node],
+) -> *mut pg_sys::Node {
+    // SAFETY: builds palloc'd nodes.
+    unsafe {
+        let mut list: *mut pg_sys::List = std::ptr::null_mut();
+        for &a in args {
+            list = pg_sys::lappend(list, a.cast());
+        }
+        let rows = pg_sys::makeFuncExpr(
+            gather,
+            pg_sys::TEXTOID,
+            list,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+        );
+        let as_jsonb =
+            pg_sys::palloc0(std::mem::size_of::<pg_sys::CoerceViaIO>()) as *mut pg_sys::CoerceViaIO;
+        (*as_jsonb).xpr.type_ = pg_sys::NodeTag::T_CoerceViaIO;
+        (*as_jsonb).arg = rows.cast();
+        (*as_jsonb).resulttype = pg_sys::JSONBOID;
+        (*as_jsonb).resultcollid = pg_sys::InvalidOid;
+        (*as_jsonb).coerceformat = pg_sys::CoercionForm::COERCE_EXPLICIT_CAST;
+        (*as_jsonb).location = -1;
+        as_jsonb.cast()
     }
 }
 
@@ -660,8 +735,29 @@ pub(crate) unsafe fn list1(node: *mut std::ffi::c_void) -> *mut pg_sys::List {
 /// Called in a transaction.
 #[allow(unsafe_code)]
 pub(crate) unsafe fn function_oid(name: &[&str], args: &[pg_sys::Oid]) -> pg_sys::Oid {
-    // SAFETY: builds a list of String nodes from palloc'd copies; LookupFuncName raises an
-    // error if the function is missing.
+    // SAFETY: as this function's contract.
+    unsafe { lookup_function(name, args, false) }
+}
+
+/// [`function_oid`] for a function that may not exist: its oid, or `None`.
+///
+/// # Safety
+/// Called in a transaction.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn function_oid_opt(name: &[&str], args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
+    // SAFETY: as this function's contract.
+    let oid = unsafe { lookup_function(name, args, true) };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// LookupFuncName over a qualified name: InvalidOid for a missing function when
+/// `missing_ok`, an error otherwise.
+///
+/// # Safety
+/// Called in a transaction.
+#[allow(unsafe_code)]
+unsafe fn lookup_function(name: &[&str], args: &[pg_sys::Oid], missing_ok: bool) -> pg_sys::Oid {
+    // SAFETY: builds a list of String nodes from palloc'd copies for LookupFuncName.
     unsafe {
         let mut names: *mut pg_sys::List = std::ptr::null_mut();
         for part in name {
@@ -671,7 +767,7 @@ pub(crate) unsafe fn function_oid(name: &[&str], args: &[pg_sys::Oid]) -> pg_sys
                 pg_sys::makeString(pg_sys::pstrdup(c.as_ptr())).cast(),
             );
         }
-        pg_sys::LookupFuncName(names, args.len() as i32, args.as_ptr(), false)
+        pg_sys::LookupFuncName(names, args.len() as i32, args.as_ptr(), missing_ok)
     }
 }
 

@@ -18,8 +18,9 @@
 
 use crate::error::MrError;
 use crate::gather::{
-    column_names, function_oid, held_here, json_object, json_rows, list1, only_of,
-    pushable_conjuncts, qualified, OnlyOf,
+    column_names, function_oid, function_oid_opt, gathered_jsonb, held_here, int2_array_const,
+    into_function_scan, json_object, json_rows, list1, oid_const, only_of, pushable_conjuncts,
+    qualified, tree_const, OnlyOf,
 };
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -268,28 +269,6 @@ unsafe fn combine(a: *mut pg_sys::Aggref) -> Option<Combine> {
     }
 }
 
-/// [`function_oid`] for a function that may not exist: its oid, or `None`.
-///
-/// # Safety
-/// Called in a transaction.
-#[allow(unsafe_code)]
-unsafe fn function_oid_opt(name: &[&str], args: &[pg_sys::Oid]) -> Option<pg_sys::Oid> {
-    // SAFETY: builds a list of String nodes from palloc'd copies; missing_ok returns
-    // InvalidOid instead of raising.
-    unsafe {
-        let mut names: *mut pg_sys::List = std::ptr::null_mut();
-        for part in name {
-            let c = CString::new(*part).ok()?;
-            names = pg_sys::lappend(
-                names,
-                pg_sys::makeString(pg_sys::pstrdup(c.as_ptr())).cast(),
-            );
-        }
-        let oid = pg_sys::LookupFuncName(names, args.len() as i32, args.as_ptr(), true);
-        (oid != pg_sys::InvalidOid).then_some(oid)
-    }
-}
-
 /// The length of a possibly empty (NIL) list.
 ///
 /// # Safety
@@ -403,75 +382,20 @@ unsafe fn to_partials(
             ],
         );
         let to_recordset = function_oid(&["pg_catalog", "jsonb_to_recordset"], &[pg_sys::JSONBOID]);
-        let table = pg_sys::makeConst(
-            pg_sys::OIDOID,
-            -1,
-            pg_sys::InvalidOid,
-            4,
-            pg_sys::Datum::from(relid),
-            false,
-            true,
-        );
-        let datums: Vec<pg_sys::Datum> = groups
-            .iter()
-            .map(|g| pg_sys::Datum::from((**g).varattno))
-            .collect();
-        let array = pg_sys::construct_array(
-            datums.as_ptr() as *mut pg_sys::Datum,
-            datums.len() as i32,
-            pg_sys::INT2OID,
-            2,
-            true,
-            pg_sys::TYPALIGN_SHORT as std::ffi::c_char,
-        );
-        let columns = pg_sys::makeConst(
-            pg_sys::INT2ARRAYOID,
-            -1,
-            pg_sys::InvalidOid,
-            -1,
-            pg_sys::Datum::from(array),
-            false,
-            false,
-        );
-        let tree = |node: *mut pg_sys::Node| {
-            if node.is_null() {
-                pg_sys::makeNullConst(pg_sys::PG_NODE_TREEOID, -1, pg_sys::InvalidOid)
-            } else {
-                pg_sys::makeConst(
-                    pg_sys::PG_NODE_TREEOID,
-                    -1,
-                    pg_sys::DEFAULT_COLLATION_OID,
-                    -1,
-                    pg_sys::Datum::from(pg_sys::cstring_to_text(pg_sys::nodeToString(node.cast()))),
-                    false,
-                    false,
-                )
-            }
-        };
         let mut aggs: *mut pg_sys::List = std::ptr::null_mut();
         for &a in aggrefs {
             aggs = pg_sys::lappend(aggs, a.cast());
         }
-        let mut gather_args = list1(table.cast());
-        gather_args = pg_sys::lappend(gather_args, columns.cast());
-        gather_args = pg_sys::lappend(gather_args, tree(aggs.cast()).cast());
-        gather_args = pg_sys::lappend(gather_args, tree(filter).cast());
-        let rows = pg_sys::makeFuncExpr(
+        let attnums: Vec<i16> = groups.iter().map(|g| (**g).varattno).collect();
+        let as_jsonb = gathered_jsonb(
             gather,
-            pg_sys::TEXTOID,
-            gather_args,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::CoercionForm::COERCE_EXPLICIT_CALL,
+            &[
+                oid_const(relid),
+                int2_array_const(Some(&attnums)),
+                tree_const(aggs.cast()),
+                tree_const(filter),
+            ],
         );
-        let as_jsonb =
-            pg_sys::palloc0(std::mem::size_of::<pg_sys::CoerceViaIO>()) as *mut pg_sys::CoerceViaIO;
-        (*as_jsonb).xpr.type_ = pg_sys::NodeTag::T_CoerceViaIO;
-        (*as_jsonb).arg = rows.cast();
-        (*as_jsonb).resulttype = pg_sys::JSONBOID;
-        (*as_jsonb).resultcollid = pg_sys::InvalidOid;
-        (*as_jsonb).coerceformat = pg_sys::CoercionForm::COERCE_EXPLICIT_CAST;
-        (*as_jsonb).location = -1;
         let scan = pg_sys::makeFuncExpr(
             to_recordset,
             pg_sys::RECORDOID,
@@ -573,26 +497,9 @@ unsafe fn to_partials(
         }
         (*q).havingQual = replace((*q).havingQual, cx);
         (*(*q).jointree).quals = std::ptr::null_mut();
-        // The entry: a function scan of the partial rows, checked by the gathering scans
-        // themselves (they run as the current user).
-        let mut colnames = names;
-        colnames = pg_sys::list_copy(colnames);
-        (*rte).eref = pg_sys::makeAlias(c"partials".as_ptr(), colnames);
+        (*rte).eref = pg_sys::makeAlias(c"partials".as_ptr(), pg_sys::list_copy(names));
         (*rte).alias = std::ptr::null_mut();
-        (*rte).rtekind = pg_sys::RTEKind::RTE_FUNCTION;
-        (*rte).functions = list1(f.cast());
-        (*rte).funcordinality = false;
-        (*rte).relid = pg_sys::InvalidOid;
-        (*rte).relkind = 0;
-        (*rte).rellockmode = 0;
-        (*rte).inh = false;
-        (*rte).tablesample = std::ptr::null_mut();
-        (*rte).requiredPerms = 0;
-        (*rte).checkAsUser = pg_sys::InvalidOid;
-        (*rte).selectedCols = std::ptr::null_mut();
-        (*rte).insertedCols = std::ptr::null_mut();
-        (*rte).updatedCols = std::ptr::null_mut();
-        (*rte).securityQuals = std::ptr::null_mut();
+        into_function_scan(rte, f);
     }
 }
 
