@@ -2370,6 +2370,21 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await
         .expect_err("EXPLAIN ANALYZE of a read no node holds");
     assert_eq!(code(&err), "0A000", "{err}");
+    // A plain scan is split over the leaseholders, which run its text: a CREATE TABLE AS's
+    // is refused here, with a way round (each leaseholder refused it, in words about a
+    // forwarded statement).
+    let err = sqlx::raw_sql("CREATE TABLE acc_copy AS SELECT id, balance FROM accounts")
+        .execute(&mut west)
+        .await
+        .expect_err("CREATE TABLE AS over partitions leased elsewhere");
+    assert_eq!(code(&err), "0A000", "{err}");
+    let hint = err
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+        .and_then(|d| d.hint())
+        .unwrap_or_default()
+        .to_string();
+    assert!(hint.contains("INSERT ... SELECT"), "{hint}");
     let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
         .fetch_all(&mut west)
         .await

@@ -144,8 +144,9 @@ unsafe fn shape_fits(q: *mut pg_sys::Query) -> bool {
             return false;
         }
         let rte = pg_sys::list_nth(q.rtable, 0) as *mut pg_sys::RangeTblEntry;
+        // A partitioned table read with ONLY has no rows of its own: not gathered.
         (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
-            && matches!((*rte).relkind as u8, b'r' | b'p')
+            && ((*rte).relkind as u8 == b'r' || ((*rte).relkind as u8 == b'p' && (*rte).inh))
             && (*rte).tablesample.is_null()
             && (*rte).securityQuals.is_null()
     }

@@ -292,6 +292,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         };
     let forward_to = |node: u64| {
         refuse_with_schema_change(node);
+        // SAFETY: as this function's contract.
+        unsafe { refuse_unsendable(qd, node) };
         if rewritten {
             MrError::WriteNotServed {
                 message: format!("a statement rewritten by a rule cannot run on node {node}, which leases the rows it touches"),
@@ -397,6 +399,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         Ok(r) if !r.split.is_empty() => {
             if let Some(node) = r.split.iter().find_map(|(n, _)| *n) {
                 refuse_with_schema_change(node);
+                // SAFETY: as this function's contract.
+                unsafe { refuse_unsendable(qd, node) };
             }
             let here = r.split.iter().any(|(n, _)| n.is_none());
             let lock_timeout_ms = lock_timeout_for_parts();
@@ -1763,6 +1767,59 @@ pub unsafe fn statement_sql(qd: &pg_sys::QueryDesc) -> String {
     }
 }
 
+/// The raw parse tree of `sql` if it is a statement another node runs as a forwarded one:
+/// exactly one SELECT, INSERT, UPDATE, DELETE or TRUNCATE; null otherwise. CREATE TABLE AS,
+/// SELECT INTO, `COPY (…) TO` and EXPLAIN ANALYZE plan to a query too, but their text is not
+/// it.
+///
+/// # Safety
+/// Called in a transaction (the tree is palloc'd in the current memory context).
+#[allow(unsafe_code)]
+pub unsafe fn sendable_stmt(sql: &CStr) -> *mut pg_sys::Node {
+    use pg_sys::NodeTag::*;
+    // SAFETY: PostgreSQL's raw parser over a NUL-terminated string; it raises only on a
+    // syntax error (through pgrx's guard), and its list holds RawStmt nodes.
+    unsafe {
+        let parsed = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        if parsed.is_null() || (*parsed).length != 1 {
+            return std::ptr::null_mut();
+        }
+        let stmt = (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt;
+        if !stmt.is_null()
+            && matches!(
+                (*stmt).type_,
+                T_SelectStmt | T_InsertStmt | T_UpdateStmt | T_DeleteStmt | T_TruncateStmt
+            )
+        {
+            stmt
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Refuses a statement that must run on `node` (whole, or a share of it) when its text
+/// cannot be sent there ([`sendable_tag`]): the node would refuse it, in words about a
+/// forwarded statement the user never wrote.
+///
+/// # Safety
+/// `qd` is a QueryDesc about to start.
+#[allow(unsafe_code)]
+unsafe fn refuse_unsendable(qd: &pg_sys::QueryDesc, node: u64) {
+    // SAFETY: as this function's contract.
+    let sql = CString::new(unsafe { statement_sql(qd) }).unwrap_or_default();
+    // SAFETY: in the statement's transaction.
+    if unsafe { sendable_stmt(&sql) }.is_null() {
+        MrError::WriteNotServed {
+            message: format!(
+                "this statement reads rows it must read on node {node}, and only a SELECT, INSERT, UPDATE, DELETE or TRUNCATE can be sent there (not CREATE TABLE AS, SELECT INTO, COPY (query) TO or EXPLAIN ANALYZE)"
+            ),
+            hint: "Create the table first and fill it with INSERT ... SELECT, run the query on its own, or run the statement on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges for every table it reads.".into(),
+        }
+        .raise();
+    }
+}
+
 /// The statement's own text ([`statement_sql`]) and parameters.
 ///
 /// # Safety
@@ -2200,26 +2257,8 @@ fn exec_share(
         let (mut argtypes, mut values, nulls) = spi_args(types, vals);
         let sql_c = CString::new(sql).unwrap_or_default();
         // Exactly one SELECT, INSERT, UPDATE or DELETE (the forwarding node planned one).
-        let parsed = pg_sys::raw_parser(sql_c.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
-        let stmt = if !parsed.is_null() && (*parsed).length == 1 {
-            (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt
-        } else {
-            std::ptr::null_mut()
-        };
-        let tag = if stmt.is_null() {
-            pg_sys::NodeTag::T_Invalid
-        } else {
-            (*stmt).type_
-        };
-        let one_query = matches!(
-            tag,
-            pg_sys::NodeTag::T_SelectStmt
-                | pg_sys::NodeTag::T_InsertStmt
-                | pg_sys::NodeTag::T_UpdateStmt
-                | pg_sys::NodeTag::T_DeleteStmt
-                | pg_sys::NodeTag::T_TruncateStmt
-        );
-        if !one_query {
+        let stmt = sendable_stmt(&sql_c);
+        if stmt.is_null() {
             MrError::BadArgument {
                 what: "forwarded statement",
                 value: sql.chars().take(60).collect(),
@@ -2227,6 +2266,7 @@ fn exec_share(
             }
             .raise();
         }
+        let tag = (*stmt).type_;
         if !partitions.is_empty() {
             let cmd = match tag {
                 pg_sys::NodeTag::T_SelectStmt => pg_sys::CmdType::CMD_SELECT,
