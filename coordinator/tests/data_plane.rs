@@ -2189,13 +2189,8 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await
         .expect_err("a gathered read after a change on another node");
     assert_eq!(code(&err), "0A000", "{err}");
-    let hint = err
-        .as_database_error()
-        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
-        .and_then(|d| d.hint())
-        .unwrap_or_default()
-        .to_string();
-    assert!(hint.contains("uncommitted changes on node(s) 1"), "{hint}");
+    let said = hint(&err);
+    assert!(said.contains("uncommitted changes on node(s) 1"), "{said}");
     exec(&mut west, "ROLLBACK").await;
     // A column of a NOT NULL domain is sent even when not read: left out, its NULL failed
     // the domain's check when the rows were turned back into the table's type.
@@ -2355,13 +2350,8 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await
         .expect_err("one snapshot over partitions no node holds together");
     assert_eq!(code(&err), "0A000", "{err}");
-    let hint = err
-        .as_database_error()
-        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
-        .and_then(|d| d.hint())
-        .unwrap_or_default()
-        .to_string();
-    assert!(hint.contains("READ COMMITTED"), "{hint}");
+    let said = hint(&err);
+    assert!(said.contains("READ COMMITTED"), "{said}");
     exec(&mut west, "ROLLBACK").await;
     // A statement whose text is not its query's alone (EXPLAIN ANALYZE) is not re-planned:
     // refused as before, not re-planned again and again.
@@ -2378,13 +2368,8 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await
         .expect_err("CREATE TABLE AS over partitions leased elsewhere");
     assert_eq!(code(&err), "0A000", "{err}");
-    let hint = err
-        .as_database_error()
-        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
-        .and_then(|d| d.hint())
-        .unwrap_or_default()
-        .to_string();
-    assert!(hint.contains("INSERT ... SELECT"), "{hint}");
+    let said = hint(&err);
+    assert!(said.contains("INSERT ... SELECT"), "{said}");
     let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
         .fetch_all(&mut west)
         .await

@@ -419,6 +419,15 @@ pub fn code(e: &sqlx::Error) -> String {
         .unwrap_or_else(|| format!("client: {e}"))
 }
 
+/// An error's hint, or empty when it has none (or is not a SQL error).
+pub fn hint(e: &sqlx::Error) -> String {
+    e.as_database_error()
+        .and_then(|d| d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>())
+        .and_then(|d| d.hint())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Turns row replication on for the cluster, retrying while a new cluster's meta group
 /// settles.
 pub async fn enable_replication(node: &Node) {
