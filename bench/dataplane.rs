@@ -13,7 +13,8 @@
 //!   behind the same simulated WAN ([`baseline`]): in us-east1, and in the other two regions;
 //! * point-read latency: on the leaseholder (a read-index quorum round) and on the us-west1
 //!   non-voter (read index from the leaseholder: one inter-region round trip);
-//! * write throughput of the leaseholder's node, 8 clients, replication on and off;
+//! * write throughput of the leaseholder's node, 8 and 32 clients, replication on and off, next
+//!   to a PostgreSQL primary with two synchronous standbys in us-east1;
 //! * reads no node can answer alone (PLACEMENT RESTRICTED), gathered from the leaseholders
 //!   with only the rows and columns they need, and with whole tables sent;
 //! * leaseholder failover (3 nodes, one per region): from `kill -9` of the leaseholder's node
@@ -33,6 +34,8 @@ const WAN: &str =
     "intra 2\nus-east1 us-west1 63\nus-east1 europe-west1 87\nus-west1 europe-west1 132\n";
 const OPS: usize = 300;
 const CLIENTS: usize = 8;
+/// Enough clients to keep several commits of one range waiting (batched proposals).
+const CLIENTS_MANY: usize = 32;
 const THROUGHPUT_FOR: Duration = Duration::from_secs(8);
 const FAILOVERS: usize = 5;
 
@@ -146,13 +149,21 @@ async fn latencies_simple(c: &mut PgConnection, sql: &str) -> Vec<f64> {
     out
 }
 
-/// Transactions per second of `CLIENTS` connections updating random keys of `table`.
-async fn throughput(node: &Node, table: &str) -> f64 {
+/// `n` connections to `db` on `node`.
+async fn clients(node: &Node, db: &str, n: usize) -> Vec<PgConnection> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(connect_ok(node, db).await);
+    }
+    out
+}
+
+/// Transactions per second of `conns` updating random keys of `table`, one client each.
+async fn throughput(conns: Vec<PgConnection>, table: &str) -> f64 {
     let sql = format!("UPDATE {table} SET v = v + 1 WHERE k = $1");
     let deadline = Instant::now() + THROUGHPUT_FOR;
     let mut tasks = Vec::new();
-    for t in 0..CLIENTS {
-        let mut c = connect_ok(node, "bench").await;
+    for (t, mut c) in conns.into_iter().enumerate() {
         let sql = sql.clone();
         tasks.push(tokio::spawn(async move {
             let mut n = 0u64;
@@ -671,6 +682,8 @@ async fn main() {
     );
     // The baseline: PostgreSQL's own synchronous replication behind the same simulated WAN.
     let mut baseline_bulk: Vec<(String, Vec<f64>)> = Vec::new();
+    // Clients and tx/s of the primary with synchronous standbys in us-east1.
+    let mut baseline_throughput: Vec<(usize, f64)> = Vec::new();
     for (i, (what, rtts, floor)) in [
         (
             "UPDATE on a PostgreSQL primary, 2 synchronous standbys in us-east1 (ANY 1)",
@@ -718,6 +731,24 @@ async fn main() {
         }
         let r = p50_p99(latencies(&mut p, "UPDATE kv SET v = v + 1 WHERE k = $1").await);
         row(what, r, floor);
+        if i == 0 {
+            for n in [CLIENTS, CLIENTS_MANY] {
+                let mut conns = Vec::with_capacity(n);
+                for _ in 0..n {
+                    conns.push(
+                        PgConnectOptions::new()
+                            .host("127.0.0.1")
+                            .port(base.primary_port)
+                            .username("postgres")
+                            .database("postgres")
+                            .connect()
+                            .await
+                            .expect("connect to the baseline primary"),
+                    );
+                }
+                baseline_throughput.push((n, throughput(conns, "kv").await));
+            }
+        }
         exec(&mut p, "CREATE TABLE bulk (k int PRIMARY KEY, v text NOT NULL)").await;
         baseline_bulk.push((what.replace("UPDATE on", "bulk load into"), bulk_seconds(&mut p, "bulk").await));
         drop(p);
@@ -780,13 +811,22 @@ async fn main() {
         println!("{what}: {:.2}", median(v));
     }
     println!();
-    let off = throughput(&nodes[holder], "plain_kv").await;
-    let on = throughput(&nodes[holder], "kv").await;
-    println!(
-        "throughput of the leaseholder's node, {CLIENTS} clients: {on:.0} tx/s replicated, \
-         {off:.0} tx/s without replication ({:.0} %)\n",
-        on / off * 100.0
-    );
+    for n in [CLIENTS, CLIENTS_MANY] {
+        let off = throughput(clients(&nodes[holder], "bench", n).await, "plain_kv").await;
+        let on = throughput(clients(&nodes[holder], "bench", n).await, "kv").await;
+        let standbys = baseline_throughput
+            .iter()
+            .find(|(c, _)| *c == n)
+            .map_or(f64::NAN, |(_, t)| *t);
+        println!(
+            "throughput of the leaseholder's node, {n} clients: {on:.0} tx/s replicated (voters in \
+             us-east1), {off:.0} tx/s without replication ({:.0} %); PostgreSQL primary with 2 \
+             synchronous standbys in us-east1: {standbys:.0} tx/s (replicated / that: {:.0} %)",
+            on / off * 100.0,
+            on / standbys * 100.0
+        );
+    }
+    println!();
     gathered(&nodes, &mut b).await;
     drop(nodes);
 

@@ -428,3 +428,134 @@ CREATE FUNCTION multiregion."gather_partials"(
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'gather_partials_wrapper';
+
+-- Replicated entries are applied by statements each backend prepares once per relation
+-- (multiregion.apply_changes, apply.rs), and one-range commits proposed together are one
+-- batch entry (multiregion.apply_range_batch); apply_range_txn is rebuilt on the same parts.
+CREATE FUNCTION multiregion."apply_changes"("p_changes" text) RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'apply_changes_wrapper';
+REVOKE EXECUTE ON FUNCTION multiregion.apply_changes(text) FROM PUBLIC;
+
+-- One transaction's rows, applied by an applier that holds its range's cursor (below): the
+-- transaction id is inserted first, and the rows applied only if it was new (an entry the
+-- leaseholder's own transaction committed, or one applied before, is passed over). Returns
+-- whether it applied them. A transaction over several ranges (p_keep false) has one key for
+-- all of its entries: an applier that applied one removes the key again, so the next
+-- range's entry applies too.
+CREATE FUNCTION multiregion.apply_txn_rows(p_range bigint, p_index bigint, p_txn text,
+                                           p_changes text, p_schema_version bigint,
+                                           p_keep boolean)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_set_role boolean;
+BEGIN
+    IF multiregion.schema_version() < p_schema_version THEN
+        RAISE EXCEPTION 'entry % of range % needs schema version %; this node has %',
+            p_index, p_range, p_schema_version, multiregion.schema_version()
+            USING ERRCODE = '55000';
+    END IF;
+    INSERT INTO multiregion.range_txns (txn_id) VALUES (p_txn) ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- pgmr's applier sets the role for its session: changing it empties the backend's
+    -- plan cache (PostgreSQL's rule), which would make every statement plan again.
+    v_set_role := pg_catalog.current_setting('session_replication_role') <> 'replica';
+    IF v_set_role THEN
+        PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    END IF;
+    -- In order; consecutive inserts into one relation together, by statements each
+    -- backend prepares once per relation (apply.rs).
+    PERFORM multiregion.apply_changes(p_changes);
+    IF v_set_role THEN
+        PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+    END IF;
+    IF NOT p_keep THEN
+        -- A prepared entry: the same transaction's entries of other ranges use the key too.
+        DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- Locks range p_range's applier cursor and says whether entry p_index is still to apply:
+-- false when the cursor is past it, or when an installed snapshot already holds its rows
+-- (then the cursor moves to it here). The cursor row is locked first: a snapshot being
+-- installed moves it too.
+CREATE FUNCTION multiregion.begin_range_entry(p_range bigint, p_index bigint)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_at bigint;
+    v_skip bigint[];
+BEGIN
+    SELECT applied_index, skip INTO v_at, v_skip FROM multiregion.range_state
+     WHERE range_id = p_range FOR UPDATE;
+    IF v_at >= p_index THEN
+        RETURN false;
+    END IF;
+    IF p_index = ANY (v_skip) THEN
+        UPDATE multiregion.range_state SET applied_index = p_index,
+               skip = pg_catalog.array_remove(skip, p_index)
+         WHERE range_id = p_range;
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- Moves range p_range's applier cursor to p_index, adding p_skip's later entries to pass over.
+CREATE FUNCTION multiregion.end_range_entry(p_range bigint, p_index bigint, p_skip bigint[])
+RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    INSERT INTO multiregion.range_state (range_id, applied_index, skip)
+        VALUES (p_range, p_index, p_skip)
+        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index,
+            skip = multiregion.range_state.skip || excluded.skip;
+$fn$;
+
+-- pgmr's range applier: applies entry p_index of range p_range once, in the caller's
+-- transaction with the cursor. The insert of the transaction's id waits for a local
+-- transaction holding it, then skips the entry (it committed) or applies it (it aborted). A
+-- transaction split over several entries of one range is applied whole at the first; p_skip
+-- names the others, which the applier then passes over.
+CREATE OR REPLACE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_txn text,
+                                            p_changes jsonb, p_schema_version bigint,
+                                            p_keep boolean DEFAULT true,
+                                            p_skip bigint[] DEFAULT '{}')
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_new boolean := false;
+BEGIN
+    IF NOT multiregion.begin_range_entry(p_range, p_index) THEN
+        RETURN false;
+    END IF;
+    v_new := multiregion.apply_txn_rows(p_range, p_index, p_txn, p_changes::text,
+                                        p_schema_version, p_keep);
+    PERFORM multiregion.end_range_entry(p_range, p_index, p_skip);
+    RETURN v_new;
+END
+$fn$;
+
+-- pgmr's range applier: a batch entry (several one-range transactions committed together,
+-- each as apply_range_txn would apply it), all in the caller's transaction with the cursor.
+CREATE FUNCTION multiregion.apply_range_batch(p_range bigint, p_index bigint, p_txns text[],
+                                              p_changes text[], p_schema_versions bigint[])
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF NOT multiregion.begin_range_entry(p_range, p_index) THEN
+        RETURN;
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.array_length(p_txns, 1), 0) LOOP
+        PERFORM multiregion.apply_txn_rows(p_range, p_index, p_txns[i], p_changes[i],
+                                           p_schema_versions[i], true);
+    END LOOP;
+    PERFORM multiregion.end_range_entry(p_range, p_index, '{}');
+END
+$fn$;
+REVOKE EXECUTE ON FUNCTION multiregion.apply_range_batch(bigint, bigint, text[], text[], bigint[]),
+    multiregion.apply_txn_rows(bigint, bigint, text, text, bigint, boolean),
+    multiregion.begin_range_entry(bigint, bigint),
+    multiregion.end_range_entry(bigint, bigint, bigint[]) FROM PUBLIC;

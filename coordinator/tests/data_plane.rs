@@ -198,6 +198,62 @@ async fn rows_written_on_the_leaseholder_reach_every_replica_exactly_once() {
     assert!(stderr.contains("ranges 1"), "{stderr}");
 }
 
+/// Concurrent one-range commits on the leaseholder are proposed together when more are
+/// waiting than the leader keeps in flight: fewer log entries than transactions, and every
+/// replica applies every transaction of each shared entry exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_share_log_entries_and_every_replica_applies_each_once() {
+    const CLIENTS: i64 = 16;
+    const EACH: i64 = 25;
+    let dir = scratch("data-batches");
+    let nodes = start_cluster(dir.path(), 73, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let holder = bank(&nodes).await;
+    let lh = &nodes[holder as usize - 1];
+    let mut c = connect(lh, "bank").await.unwrap();
+    exec(
+        &mut c,
+        &format!("INSERT INTO accounts SELECT g, 0, NULL FROM generate_series(1, {CLIENTS}) g"),
+    )
+    .await;
+    let cursor = "SELECT applied_index FROM multiregion.range_state \
+                  WHERE range_id = (SELECT range_id FROM multiregion.ranges \
+                                     WHERE database_name = 'bank' AND table_name = 'accounts')";
+    converged(&nodes, &[0, 1, 2]).await;
+    let before: i64 = sqlx::query_scalar(cursor).fetch_one(&mut c).await.unwrap();
+    let port = lh.pg_port;
+    let clients = (1..=CLIENTS).map(|id| async move {
+        let mut c = try_connect_db(port, "bank").await;
+        for _ in 0..EACH {
+            sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
+                .bind(id as i32)
+                .execute(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("client {id}: {e}"));
+        }
+    });
+    futures::future::join_all(clients).await;
+    let (count, _) = converged(&nodes, &[0, 1, 2]).await;
+    assert_eq!(count, CLIENTS);
+    for n in &nodes {
+        let mut r = connect(n, "bank").await.unwrap();
+        let full: i64 = sqlx::query_scalar("SELECT count(*) FROM accounts WHERE balance = $1")
+            .bind(EACH)
+            .fetch_one(&mut r)
+            .await
+            .unwrap();
+        assert_eq!(full, CLIENTS, "every increment once on port {}", n.pg_port);
+    }
+    let after: i64 = sqlx::query_scalar(cursor).fetch_one(&mut c).await.unwrap();
+    let entries = after - before;
+    assert!(
+        entries < CLIENTS * EACH,
+        "{} transactions took {entries} entries: none shared one",
+        CLIENTS * EACH
+    );
+    let report = check_consistency(&nodes[0]);
+    assert!(report.contains("replicas of 1 ranges agree"), "{report}");
+}
+
 /// `pgmr debug check-consistency` against `node`, which must pass; its output.
 fn check_consistency(node: &Node) -> String {
     pgmr_ok(&[

@@ -353,5 +353,6 @@ unsafe extern "C-unwind" fn executor_end(query_desc: *mut pg_sys::QueryDesc) {
 unsafe extern "C-unwind" fn relcache_invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     crate::rewrite::forget(relid);
     crate::replication::forget(relid);
+    crate::apply::forget(relid);
     crate::sequences::forget(relid);
 }

@@ -5,6 +5,7 @@
 //! functions, [`gucs`] for the settings and [`sidecar`] for the local channel.
 
 mod api;
+mod apply;
 mod error;
 mod gather;
 mod global_keys;

@@ -1214,11 +1214,85 @@ BEGIN
 END
 $fn$;
 
--- pgmr's range applier: applies entry p_index of range p_range once. The transaction id is
--- inserted first: if the leaseholder's own transaction holds it, this waits for that
--- transaction and then skips the entry (it committed) or applies it (it aborted). A
--- transaction over several ranges (p_keep false) has one key for all of its entries: an
--- applier that applied one removes the key again, so the next range's entry applies too. A
+-- One transaction's rows, applied by an applier that holds its range's cursor (below): the
+-- transaction id is inserted first, and the rows applied only if it was new (an entry the
+-- leaseholder's own transaction committed, or one applied before, is passed over). Returns
+-- whether it applied them. A transaction over several ranges (p_keep false) has one key for
+-- all of its entries: an applier that applied one removes the key again, so the next
+-- range's entry applies too.
+CREATE FUNCTION multiregion.apply_txn_rows(p_range bigint, p_index bigint, p_txn text,
+                                           p_changes text, p_schema_version bigint,
+                                           p_keep boolean)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_set_role boolean;
+BEGIN
+    IF multiregion.schema_version() < p_schema_version THEN
+        RAISE EXCEPTION 'entry % of range % needs schema version %; this node has %',
+            p_index, p_range, p_schema_version, multiregion.schema_version()
+            USING ERRCODE = '55000';
+    END IF;
+    INSERT INTO multiregion.range_txns (txn_id) VALUES (p_txn) ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    -- pgmr's applier sets the role for its session: changing it empties the backend's
+    -- plan cache (PostgreSQL's rule), which would make every statement plan again.
+    v_set_role := pg_catalog.current_setting('session_replication_role') <> 'replica';
+    IF v_set_role THEN
+        PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    END IF;
+    -- In order; consecutive inserts into one relation together, by statements each
+    -- backend prepares once per relation (apply.rs).
+    PERFORM multiregion.apply_changes(p_changes);
+    IF v_set_role THEN
+        PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
+    END IF;
+    IF NOT p_keep THEN
+        -- A prepared entry: the same transaction's entries of other ranges use the key too.
+        DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- Locks range p_range's applier cursor and says whether entry p_index is still to apply:
+-- false when the cursor is past it, or when an installed snapshot already holds its rows
+-- (then the cursor moves to it here). The cursor row is locked first: a snapshot being
+-- installed moves it too.
+CREATE FUNCTION multiregion.begin_range_entry(p_range bigint, p_index bigint)
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_at bigint;
+    v_skip bigint[];
+BEGIN
+    SELECT applied_index, skip INTO v_at, v_skip FROM multiregion.range_state
+     WHERE range_id = p_range FOR UPDATE;
+    IF v_at >= p_index THEN
+        RETURN false;
+    END IF;
+    IF p_index = ANY (v_skip) THEN
+        UPDATE multiregion.range_state SET applied_index = p_index,
+               skip = pg_catalog.array_remove(skip, p_index)
+         WHERE range_id = p_range;
+        RETURN false;
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+-- Moves range p_range's applier cursor to p_index, adding p_skip's later entries to pass over.
+CREATE FUNCTION multiregion.end_range_entry(p_range bigint, p_index bigint, p_skip bigint[])
+RETURNS void LANGUAGE sql SET search_path = pg_catalog, pg_temp AS $fn$
+    INSERT INTO multiregion.range_state (range_id, applied_index, skip)
+        VALUES (p_range, p_index, p_skip)
+        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index,
+            skip = multiregion.range_state.skip || excluded.skip;
+$fn$;
+
+-- pgmr's range applier: applies entry p_index of range p_range once, in the caller's
+-- transaction with the cursor. The insert of the transaction's id waits for a local
+-- transaction holding it, then skips the entry (it committed) or applies it (it aborted). A
 -- transaction split over several entries of one range is applied whole at the first; p_skip
 -- names the others, which the applier then passes over.
 CREATE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_txn text,
@@ -1227,69 +1301,32 @@ CREATE FUNCTION multiregion.apply_range_txn(p_range bigint, p_index bigint, p_tx
                                             p_skip bigint[] DEFAULT '{}')
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-    v_new boolean;
-    v_s text;
-    v_t text;
-    v_op text;
-    v_old jsonb;
-    v_rows jsonb;
-    v_at bigint;
-    v_skip bigint[];
+    v_new boolean := false;
 BEGIN
-    -- The cursor row is locked first: a snapshot being installed moves it too.
-    SELECT applied_index, skip INTO v_at, v_skip FROM multiregion.range_state
-     WHERE range_id = p_range FOR UPDATE;
-    IF v_at >= p_index THEN
+    IF NOT multiregion.begin_range_entry(p_range, p_index) THEN
         RETURN false;
     END IF;
-    IF p_index = ANY (v_skip) THEN
-        -- The installed snapshot already holds this entry's rows.
-        UPDATE multiregion.range_state SET applied_index = p_index,
-               skip = pg_catalog.array_remove(skip, p_index)
-         WHERE range_id = p_range;
-        RETURN false;
-    END IF;
-    IF multiregion.schema_version() < p_schema_version THEN
-        RAISE EXCEPTION 'entry % of range % needs schema version %; this node has %',
-            p_index, p_range, p_schema_version, multiregion.schema_version()
-            USING ERRCODE = '55000';
-    END IF;
-    INSERT INTO multiregion.range_txns (txn_id) VALUES (p_txn) ON CONFLICT DO NOTHING;
-    v_new := FOUND;
-    IF v_new THEN
-        PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
-        -- In order; consecutive inserts into one relation together (apply_inserts).
-        FOR v_s, v_t, v_op, v_old, v_rows IN
-            WITH c AS (
-                SELECT e.ord, e.value ->> 's' AS s, e.value ->> 't' AS t, e.value ->> 'op' AS op,
-                       e.value -> 'old' AS old, e.value -> 'new' AS new
-                  FROM jsonb_array_elements(p_changes) WITH ORDINALITY e(value, ord)),
-            b AS (
-                SELECT c.*, CASE WHEN op = 'I' AND lag(op) OVER w = 'I' AND lag(s) OVER w = s
-                                      AND lag(t) OVER w = t THEN 0 ELSE 1 END AS brk
-                  FROM c WINDOW w AS (ORDER BY ord)),
-            r AS (SELECT b.*, sum(brk) OVER (ORDER BY ord) AS run FROM b)
-            SELECT min(s), min(t), min(op), (array_agg(old ORDER BY ord))[1],
-                   jsonb_agg(new ORDER BY ord)
-              FROM r GROUP BY run ORDER BY run
-        LOOP
-            IF v_op = 'I' THEN
-                PERFORM multiregion.apply_inserts(v_s, v_t, v_rows);
-            ELSE
-                PERFORM multiregion.apply_change(v_s, v_t, v_op, v_old, v_rows -> 0);
-            END IF;
-        END LOOP;
-        PERFORM pg_catalog.set_config('session_replication_role', 'origin', true);
-        IF NOT p_keep THEN
-            -- A prepared entry: the same transaction's entries of other ranges use the key too.
-            DELETE FROM multiregion.range_txns WHERE txn_id = p_txn;
-        END IF;
-    END IF;
-    INSERT INTO multiregion.range_state (range_id, applied_index, skip)
-        VALUES (p_range, p_index, p_skip)
-        ON CONFLICT (range_id) DO UPDATE SET applied_index = excluded.applied_index,
-            skip = multiregion.range_state.skip || excluded.skip;
+    v_new := multiregion.apply_txn_rows(p_range, p_index, p_txn, p_changes::text,
+                                        p_schema_version, p_keep);
+    PERFORM multiregion.end_range_entry(p_range, p_index, p_skip);
     RETURN v_new;
+END
+$fn$;
+
+-- pgmr's range applier: a batch entry (several one-range transactions committed together,
+-- each as apply_range_txn would apply it), all in the caller's transaction with the cursor.
+CREATE FUNCTION multiregion.apply_range_batch(p_range bigint, p_index bigint, p_txns text[],
+                                              p_changes text[], p_schema_versions bigint[])
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+BEGIN
+    IF NOT multiregion.begin_range_entry(p_range, p_index) THEN
+        RETURN;
+    END IF;
+    FOR i IN 1 .. coalesce(pg_catalog.array_length(p_txns, 1), 0) LOOP
+        PERFORM multiregion.apply_txn_rows(p_range, p_index, p_txns[i], p_changes[i],
+                                           p_schema_versions[i], true);
+    END LOOP;
+    PERFORM multiregion.end_range_entry(p_range, p_index, '{}');
 END
 $fn$;
 
@@ -1463,6 +1500,10 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jso
     multiregion.apply_inserts(text, text, jsonb),
     multiregion.delete_row(regclass, text, jsonb),
     multiregion.apply_range_txn(bigint, bigint, text, jsonb, bigint, boolean, bigint[]),
+    multiregion.apply_range_batch(bigint, bigint, text[], text[], bigint[]),
+    multiregion.apply_txn_rows(bigint, bigint, text, text, bigint, boolean),
+    multiregion.begin_range_entry(bigint, bigint),
+    multiregion.end_range_entry(bigint, bigint, bigint[]),
     multiregion.advance_range(bigint, bigint),
     multiregion.range_checksum(bigint, text, text, text),
     multiregion.range_relation(text, text, text),

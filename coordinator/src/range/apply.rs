@@ -112,12 +112,19 @@ async fn step(
         return Err("PostgreSQL is not ready".into());
     }
     if conn.is_none() {
-        let c = pg_cfg
+        let mut c = pg_cfg
             .connect_options(&g.table.database)
             .application_name(APPLICATION_NAME)
             .connect()
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", g.table.database))?;
+        // Applied rows fire no triggers. Set once for the session: PostgreSQL empties a
+        // backend's plan cache whenever this setting changes, so setting it per entry would
+        // re-plan every statement of every entry.
+        sqlx::query("SET session_replication_role = replica")
+            .execute(&mut c)
+            .await
+            .map_err(|e| format!("cannot set up the applier's session: {e}"))?;
         *conn = Some(c);
     }
     let c = conn.as_mut().expect("connected above");
@@ -188,6 +195,10 @@ async fn step(
                     }
                 }
                 TxnKind::Decide { .. } => advance(c, g.range_id, index).await,
+                TxnKind::Batch { also } => {
+                    g.saw_data(true);
+                    apply_batch(c, g.range_id, index, w, also).await
+                }
             },
             _ => advance(c, g.range_id, index).await,
         };
@@ -330,6 +341,32 @@ fn apply_txn<'a>(
             .bind(w.schema_version as i64)
             .bind(keep)
             .bind(skip)
+            .execute(c)
+            .await?;
+        Ok(())
+    }
+    .boxed()
+}
+
+/// A [`TxnKind::Batch`] entry: `first`'s rows, then each of `also`'s, in one transaction.
+fn apply_batch<'a>(
+    c: &'a mut PgConnection,
+    range_id: u64,
+    index: u64,
+    first: &'a super::TxnWrite,
+    also: &'a [super::TxnWrite],
+) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+    async move {
+        let all = std::iter::once(first).chain(also);
+        let txns: Vec<&str> = all.clone().map(|w| w.txn_id.as_str()).collect();
+        let changes: Vec<&str> = all.clone().map(|w| w.changes.as_str()).collect();
+        let versions: Vec<i64> = all.map(|w| w.schema_version as i64).collect();
+        sqlx::query("SELECT multiregion.apply_range_batch($1, $2, $3, $4, $5)")
+            .bind(range_id as i64)
+            .bind(index as i64)
+            .bind(&txns)
+            .bind(&changes)
+            .bind(&versions)
             .execute(c)
             .await?;
         Ok(())

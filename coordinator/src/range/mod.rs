@@ -183,6 +183,8 @@ pub struct Group {
     /// A new range's seed ([`mr_meta::RangeDescriptor::seed`]): being fetched, installed.
     seeding: std::sync::atomic::AtomicBool,
     seeded: std::sync::atomic::AtomicBool,
+    /// One-range commits waiting to be proposed together ([`propose_commit`]).
+    commits: Mutex<CommitQueue>,
     stop: CancellationToken,
 }
 
@@ -396,7 +398,86 @@ async fn propose(g: &Group, entry: TxnWrite) -> Result<(u64, Option<bool>), Writ
     Ok((index, resp.data))
 }
 
+/// Proposals of one-range commits a range's leader keeps in flight at once; commits arriving
+/// while that many are are proposed together, as one [`TxnKind::Batch`] entry, when one
+/// returns. openraft 0.9 appends and flushes each client write before it takes the next, so
+/// one entry per transaction capped a range at about one commit per log flush.
+const COMMITS_IN_FLIGHT: usize = 4;
+/// At most this many transactions in one batch entry.
+const BATCH_TXNS: usize = 256;
+
+/// A commit waiting to be proposed, and where its index (or the error) goes.
+type Waiting = (
+    TxnWrite,
+    tokio::sync::oneshot::Sender<Result<u64, WriteError>>,
+);
+
+/// One-range commits waiting for a proposal slot ([`propose_commit`]).
+#[derive(Default)]
+struct CommitQueue {
+    in_flight: usize,
+    waiting: Vec<Waiting>,
+}
+
+/// Proposes a one-range `Commit` entry on this node, the range's leader, batched with
+/// others waiting: its index once a quorum holds it. A spawned proposer does the work, so a
+/// caller that goes away leaves no slot taken.
+async fn propose_commit(g: &Arc<Group>, entry: TxnWrite) -> Result<u64, WriteError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let start = {
+        let mut q = g.commits.lock().expect("commit queue lock");
+        q.waiting.push((entry, tx));
+        let start = q.in_flight < COMMITS_IN_FLIGHT;
+        if start {
+            q.in_flight += 1;
+        }
+        start
+    };
+    if start {
+        tokio::spawn(propose_waiting(g.clone()));
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(WriteError::Ambiguous(format!(
+            "range {}: the proposer of this write stopped",
+            g.range_id
+        )))
+    })
+}
+
+/// Proposes what waits in `g`'s commit queue, as one entry each time, until nothing does.
+async fn propose_waiting(g: Arc<Group>) {
+    loop {
+        let batch = {
+            let mut q = g.commits.lock().expect("commit queue lock");
+            if q.waiting.is_empty() {
+                q.in_flight -= 1;
+                return;
+            }
+            let mut bytes = 0;
+            let mut n = 0;
+            while n < q.waiting.len() && n < BATCH_TXNS {
+                bytes += q.waiting[n].0.changes.len();
+                if n > 0 && bytes > ENTRY_BYTES {
+                    break;
+                }
+                n += 1;
+            }
+            q.waiting.drain(..n).collect::<Vec<_>>()
+        };
+        let (mut entries, senders): (Vec<TxnWrite>, Vec<_>) = batch.into_iter().unzip();
+        let mut entry = entries.remove(0);
+        if !entries.is_empty() {
+            entry.kind = TxnKind::Batch { also: entries };
+        }
+        let result = propose(&g, entry).await.map(|(index, _)| index);
+        for s in senders {
+            let _ = s.send(result.clone());
+        }
+    }
+}
+
 /// Why a write could not be replicated.
+#[derive(Clone)]
 pub enum WriteError {
     /// Nothing was proposed; the transaction may simply be retried (40001).
     Retryable(String),
@@ -708,6 +789,7 @@ impl Ranges {
             dropped_since: Mutex::new(None),
             seeding: std::sync::atomic::AtomicBool::new(false),
             seeded: std::sync::atomic::AtomicBool::new(false),
+            commits: Mutex::new(CommitQueue::default()),
             stop,
         });
         self.groups
@@ -1024,7 +1106,7 @@ impl Ranges {
         }
         if groups.len() == 1 && prepare.is_none() {
             let (g, entry) = groups.pop().expect("one group");
-            let (index, _) = propose(&g, entry).await?;
+            let index = propose_commit(&g, entry).await?;
             // The transaction commits locally now. Transactions it conflicts with committed
             // before it took their locks; the others commute, so followers applying in log
             // order reach the same rows whatever order they commit in here.

@@ -174,7 +174,8 @@ impl Source {
         // Entries after the cursor that this node proposed: their rows are here exactly when
         // their keys are (read after the snapshot was taken, so every local commit it shows
         // has its entry in the log already).
-        let proposed: Vec<(u64, String)> =
+        // A batch entry's transactions all count: its rows are here when all of theirs are.
+        let proposed: Vec<(u64, Vec<String>)> =
             super::store::read_entries(db, range_id, index + 1, u64::MAX)
                 .map_err(|e| format!("reading the log: {e}"))?
                 .into_iter()
@@ -183,7 +184,11 @@ impl Source {
                         if w.origin == self.me
                             && !matches!(w.kind, super::TxnKind::Decide { .. }) =>
                     {
-                        Some((en.log_id.index, w.txn_id))
+                        let mut ids = vec![w.txn_id];
+                        if let super::TxnKind::Batch { also } = w.kind {
+                            ids.extend(also.into_iter().map(|x| x.txn_id));
+                        }
+                        Some((en.log_id.index, ids))
                     }
                     _ => None,
                 })
@@ -194,7 +199,10 @@ impl Source {
             .map(|i| i as u64)
             .collect();
         if !proposed.is_empty() {
-            let ids: Vec<&str> = proposed.iter().map(|(_, t)| t.as_str()).collect();
+            let ids: Vec<&str> = proposed
+                .iter()
+                .flat_map(|(_, t)| t.iter().map(String::as_str))
+                .collect();
             let seen: BTreeSet<String> = sqlx::query_scalar(
                 "SELECT txn_id FROM multiregion.range_txns WHERE txn_id = ANY($1)",
             )
@@ -204,12 +212,18 @@ impl Source {
             .map_err(e)?
             .into_iter()
             .collect();
-            skip.extend(
-                proposed
-                    .into_iter()
-                    .filter(|(_, t)| seen.contains(t))
-                    .map(|(i, _)| i),
-            );
+            for (i, t) in proposed {
+                let here = t.iter().filter(|t| seen.contains(*t)).count();
+                if here == t.len() {
+                    skip.push(i);
+                } else if here > 0 {
+                    // Some of a batch's transactions have committed here and others not
+                    // yet (each commits once the entry has): a moment later all have.
+                    return Err(format!(
+                        "building a snapshot of range {range_id}: entry {i} is committed here in part; retrying"
+                    ));
+                }
+            }
             skip.sort_unstable();
             skip.dedup();
         }

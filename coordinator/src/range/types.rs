@@ -60,6 +60,14 @@ pub enum TxnKind {
         gid: String,
         commit: bool,
     },
+    /// One-range transactions committed in one entry: this entry's own (`txn_id`,
+    /// `changes`, …) first, then each of `also` (all `Commit`s, proposed by this range's
+    /// leader while its earlier proposals were in flight: one log append and flush, one
+    /// replication payload and one applier transaction for all of them). A pgmr from before
+    /// batching fails to decode it rather than applying only the first.
+    Batch {
+        also: Vec<TxnWrite>,
+    },
 }
 
 openraft::declare_raft_types!(
