@@ -2176,6 +2176,12 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
          FROM accounts WHERE id < 0",
         "SELECT bool_and(balance > 0) || ',' || count(id) || ',' || avg(balance)::int8 FROM accounts",
         "SELECT (id % 2) || ':' || count(*) FROM accounts GROUP BY id % 2 ORDER BY 1",
+        // avg as a sum and a count at each leaseholder, divided here: the same digits.
+        "SELECT avg(balance) || ',' || avg(id) FILTER (WHERE id > 2) || ',' || \
+         coalesce(avg(balance) FILTER (WHERE id < 0)::text, 'none') || ',' || \
+         avg(balance::float8) || ',' || avg(balance::numeric / 3) FROM accounts",
+        "SELECT crdb_region || ':' || avg(balance) || ':' || count(*) FROM accounts \
+         GROUP BY crdb_region HAVING avg(balance) > 0 ORDER BY 1",
     ] {
         let mut answers = Vec::new();
         for partial in ["on", "off"] {
@@ -2203,8 +2209,9 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
             "SELECT crdb_region, count(*) FROM accounts GROUP BY 1",
             (1, 0),
         ),
-        // avg does not combine as itself or as a sum: the rows are gathered.
-        ("SELECT avg(balance) FROM accounts", (0, 1)),
+        ("SELECT avg(balance) FROM accounts", (1, 0)),
+        // string_agg does not combine as itself or as a sum: the rows are gathered.
+        ("SELECT string_agg(note, ',') FROM accounts", (0, 1)),
     ] {
         // The backend's counts not yet reported (they are reported when it is idle outside
         // a transaction): before and after, inside one.

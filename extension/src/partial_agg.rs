@@ -11,8 +11,10 @@
 //! Split only when the answer cannot change: one table, the whole WHERE clause sent along
 //! (immutable, its own columns), plain grouping columns, and aggregates that combine as
 //! themselves (`min`, `max`, `bool_and`, `bool_or`, `every`, `sum` over a type whose sum is the
-//! same type) or as a sum (`count`, `sum` of integers). Anything else (DISTINCT or ORDER BY in
-//! an aggregate, `avg`, a user-defined aggregate, a grouping set, a window) gathers the rows.
+//! same type) or as a sum (`count`, `sum` of integers), and `avg` of integers, numerics and
+//! float8 (a `sum` and a `count` at each leaseholder, divided here as `avg` itself divides).
+//! Anything else (DISTINCT or ORDER BY in an aggregate, `avg` of other types, a user-defined
+//! aggregate, a grouping set, a window) gathers the rows.
 //! A sum of floating-point values may differ in its last digits from one over the rows in
 //! another order, as parallel aggregation's does.
 
@@ -38,6 +40,16 @@ struct Combine {
     /// A cast of that result back to the original aggregate's type (`count` and sums of
     /// integers: `sum(int8)` is numeric), if needed.
     cast: Option<pg_sys::Oid>,
+}
+
+/// What the leaseholders compute for one of the query's aggregates, and how it combines here.
+enum Plan {
+    /// The aggregate itself (one partial column), combined.
+    One(Combine),
+    /// `avg`: `sum` and `count` of its argument at the leaseholders (two partial columns),
+    /// the sum of sums divided here by the sum of counts — `numeric_div`, as `avg` of
+    /// integers and numerics itself divides; `float8div` for `avg(float8)`.
+    Avg { sum: Combine, float: bool },
 }
 
 /// Rewrites a query to be planned whose one relation is a replicated table this node lacks
@@ -94,14 +106,24 @@ pub unsafe fn try_rewrite(q: *mut pg_sys::Query) -> bool {
         if !cx.ok || cx.aggrefs.is_empty() {
             return false;
         }
-        let mut combines = Vec::with_capacity(cx.aggrefs.len());
+        let mut plans = Vec::with_capacity(cx.aggrefs.len());
+        let mut partials = Vec::with_capacity(cx.aggrefs.len());
         for &a in &cx.aggrefs {
+            if let Some((sum, count, plan)) = avg_parts(a) {
+                partials.push(sum);
+                partials.push(count);
+                plans.push(plan);
+                continue;
+            }
             match combine(a) {
-                Some(c) => combines.push(c),
+                Some(c) => {
+                    partials.push(a);
+                    plans.push(Plan::One(c));
+                }
                 None => return false,
             }
         }
-        to_partials(q, rte, filter, &groups, &cx.aggrefs, &combines);
+        to_partials(q, rte, filter, &groups, &cx.aggrefs, &plans, &partials);
         true
     }
 }
@@ -270,6 +292,78 @@ unsafe fn combine(a: *mut pg_sys::Aggref) -> Option<Combine> {
     }
 }
 
+/// `avg(x)` of integers, numerics or float8 as the two aggregates the leaseholders compute
+/// instead, `sum(x)` and `count(x)` (with its FILTER), and how they combine; `None` for any
+/// other aggregate (or `avg` of another type: float4 would sum in float4 at the leaseholders,
+/// interval has no plain division here).
+///
+/// # Safety
+/// `a` is an Aggref of the query being planned; called in a transaction.
+#[allow(unsafe_code)]
+unsafe fn avg_parts(
+    a: *mut pg_sys::Aggref,
+) -> Option<(*mut pg_sys::Aggref, *mut pg_sys::Aggref, Plan)> {
+    // SAFETY: catalog lookups of PostgreSQL's own aggregates of those signatures, which
+    // exist; the Aggref copies are palloc'd in the planner's context.
+    unsafe {
+        let f = (*a).aggfnoid;
+        if pg_sys::get_func_namespace(f) != pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE) {
+            return None;
+        }
+        let name = pg_sys::get_func_name(f);
+        if name.is_null() || std::ffi::CStr::from_ptr(name).to_bytes() != b"avg" {
+            return None;
+        }
+        if list_len((*a).args) != 1 || list_len((*a).aggargtypes) != 1 {
+            return None;
+        }
+        let arg = pg_sys::list_nth_oid((*a).aggargtypes, 0);
+        let float = match arg {
+            pg_sys::INT2OID | pg_sys::INT4OID | pg_sys::INT8OID | pg_sys::NUMERICOID => false,
+            pg_sys::FLOAT8OID => true,
+            _ => return None,
+        };
+        let sum_fn = function_oid_opt(&["pg_catalog", "sum"], &[arg])?;
+        let sum_type = pg_sys::get_func_rettype(sum_fn);
+        let count_fn = function_oid(&["pg_catalog", "count"], &[pg_sys::ANYOID]);
+        let part = |fnoid: pg_sys::Oid, typ: pg_sys::Oid| {
+            let p = pg_sys::copyObjectImpl(a.cast()) as *mut pg_sys::Aggref;
+            (*p).aggfnoid = fnoid;
+            (*p).aggtype = typ;
+            (*p).aggcollid = pg_sys::InvalidOid;
+            (*p).aggtranstype = pg_sys::InvalidOid;
+            p
+        };
+        let sum = part(sum_fn, sum_type);
+        let count = part(count_fn, pg_sys::INT8OID);
+        // The sums of the partial sums: the same type for numeric and float8, numeric for the
+        // int8 partial sums of int2 and int4.
+        let sum_of_sums = function_oid_opt(&["pg_catalog", "sum"], &[sum_type])?;
+        let returns = pg_sys::get_func_rettype(sum_of_sums);
+        if returns
+            != if float {
+                pg_sys::FLOAT8OID
+            } else {
+                pg_sys::NUMERICOID
+            }
+        {
+            return None;
+        }
+        Some((
+            sum,
+            count,
+            Plan::Avg {
+                sum: Combine {
+                    aggregate: sum_of_sums,
+                    returns,
+                    cast: None,
+                },
+                float,
+            },
+        ))
+    }
+}
+
 /// The length of a possibly empty (NIL) list.
 ///
 /// # Safety
@@ -368,7 +462,8 @@ unsafe fn to_partials(
     filter: *mut pg_sys::Node,
     groups: &[*mut pg_sys::Var],
     aggrefs: &[*mut pg_sys::Aggref],
-    combines: &[Combine],
+    plans: &[Plan],
+    partials: &[*mut pg_sys::Aggref],
 ) {
     // SAFETY: as this function's contract; nodes are built palloc'd in the planner's context.
     unsafe {
@@ -384,7 +479,7 @@ unsafe fn to_partials(
         );
         let to_recordset = function_oid(&["pg_catalog", "jsonb_to_recordset"], &[pg_sys::JSONBOID]);
         let mut aggs: *mut pg_sys::List = std::ptr::null_mut();
-        for &a in aggrefs {
+        for &a in partials {
             aggs = pg_sys::lappend(aggs, a.cast());
         }
         let attnums: Vec<i16> = groups.iter().map(|g| (**g).varattno).collect();
@@ -430,57 +525,73 @@ unsafe fn to_partials(
                 (*g).varcollid,
             );
         }
-        for (i, &a) in aggrefs.iter().enumerate() {
+        for (i, &a) in partials.iter().enumerate() {
             column(format!("a{}", i + 1), (*a).aggtype, -1, (*a).aggcollid);
         }
         let f = pg_sys::palloc0(std::mem::size_of::<pg_sys::RangeTblFunction>())
             as *mut pg_sys::RangeTblFunction;
         (*f).type_ = pg_sys::NodeTag::T_RangeTblFunction;
         (*f).funcexpr = scan.cast();
-        (*f).funccolcount = (groups.len() + aggrefs.len()) as i32;
+        (*f).funccolcount = (groups.len() + partials.len()) as i32;
         (*f).funccolnames = names;
         (*f).funccoltypes = types;
         (*f).funccoltypmods = typmods;
         (*f).funccolcollations = collations;
-        // Each aggregate's combination over its partial column.
+        // Each aggregate's combination over its partial column(s).
         let mut replaced = Vec::with_capacity(aggrefs.len());
-        for (i, (&a, c)) in aggrefs.iter().zip(combines).enumerate() {
-            let partial = pg_sys::makeVar(
-                1,
-                (groups.len() + i + 1) as i16,
-                (*a).aggtype,
-                -1,
-                (*a).aggcollid,
-                0,
-            );
-            let new = pg_sys::copyObjectImpl(a.cast()) as *mut pg_sys::Aggref;
-            (*new).aggfnoid = c.aggregate;
-            (*new).aggtype = c.returns;
-            (*new).aggtranstype = pg_sys::InvalidOid;
-            (*new).aggargtypes = pg_sys::lappend_oid(std::ptr::null_mut(), (*a).aggtype);
-            (*new).aggdirectargs = std::ptr::null_mut();
-            (*new).args = list1(
-                pg_sys::makeTargetEntry(partial.cast(), 1, std::ptr::null_mut(), false).cast(),
-            );
-            (*new).aggorder = std::ptr::null_mut();
-            (*new).aggdistinct = std::ptr::null_mut();
-            (*new).aggfilter = std::ptr::null_mut();
-            (*new).aggstar = false;
-            (*new).aggvariadic = false;
-            (*new).aggsplit = pg_sys::AggSplit::AGGSPLIT_SIMPLE;
-            (*new).aggno = -1;
-            (*new).aggtransno = -1;
-            let combined: *mut pg_sys::Node = match c.cast {
-                None => new.cast(),
-                Some(cast) => pg_sys::makeFuncExpr(
-                    cast,
-                    (*a).aggtype,
-                    list1(new.cast()),
-                    pg_sys::InvalidOid,
-                    pg_sys::InvalidOid,
-                    pg_sys::CoercionForm::COERCE_EXPLICIT_CAST,
-                )
-                .cast(),
+        let mut column = groups.len() as i16;
+        for (&a, plan) in aggrefs.iter().zip(plans) {
+            let combined: *mut pg_sys::Node = match plan {
+                Plan::One(c) => {
+                    column += 1;
+                    combined_over(
+                        a,
+                        (*a).aggtype,
+                        (*a).aggcollid,
+                        column,
+                        c,
+                        Some((*a).aggtype),
+                    )
+                }
+                Plan::Avg { sum, float } => {
+                    let sum_type = (*partials[(column - groups.len() as i16) as usize]).aggtype;
+                    let sums =
+                        combined_over(a, sum_type, pg_sys::InvalidOid, column + 1, sum, None);
+                    let count = Combine {
+                        aggregate: function_oid(&["pg_catalog", "sum"], &[pg_sys::INT8OID]),
+                        returns: pg_sys::NUMERICOID,
+                        cast: None,
+                    };
+                    let counts = combined_over(
+                        a,
+                        pg_sys::INT8OID,
+                        pg_sys::InvalidOid,
+                        column + 2,
+                        &count,
+                        None,
+                    );
+                    column += 2;
+                    let (div, counts) = if *float {
+                        let to_float =
+                            function_oid(&["pg_catalog", "float8"], &[pg_sys::NUMERICOID]);
+                        (
+                            function_oid(
+                                &["pg_catalog", "float8div"],
+                                &[pg_sys::FLOAT8OID, pg_sys::FLOAT8OID],
+                            ),
+                            call(to_float, pg_sys::FLOAT8OID, vec![counts], true),
+                        )
+                    } else {
+                        (
+                            function_oid(
+                                &["pg_catalog", "numeric_div"],
+                                &[pg_sys::NUMERICOID, pg_sys::NUMERICOID],
+                            ),
+                            counts,
+                        )
+                    };
+                    call(div, (*a).aggtype, vec![sums, counts], false)
+                }
             };
             replaced.push((a, combined));
         }
@@ -501,6 +612,80 @@ unsafe fn to_partials(
         (*rte).eref = pg_sys::makeAlias(c"partials".as_ptr(), pg_sys::list_copy(names));
         (*rte).alias = std::ptr::null_mut();
         into_function_scan(rte, f);
+    }
+}
+
+/// The aggregate `c` over partial column `column` (of type `typ`), made from `template` (the
+/// original Aggref: its location and flags), cast back to `cast_to` where `c` says so.
+///
+/// # Safety
+/// In [`to_partials`]; `template` is an Aggref of the query.
+#[allow(unsafe_code)]
+unsafe fn combined_over(
+    template: *mut pg_sys::Aggref,
+    typ: pg_sys::Oid,
+    collation: pg_sys::Oid,
+    column: i16,
+    c: &Combine,
+    cast_to: Option<pg_sys::Oid>,
+) -> *mut pg_sys::Node {
+    // SAFETY: as this function's contract; nodes are palloc'd in the planner's context.
+    unsafe {
+        let partial = pg_sys::makeVar(1, column, typ, -1, collation, 0);
+        let new = pg_sys::copyObjectImpl(template.cast()) as *mut pg_sys::Aggref;
+        (*new).aggfnoid = c.aggregate;
+        (*new).aggtype = c.returns;
+        (*new).aggcollid = collation;
+        (*new).aggtranstype = pg_sys::InvalidOid;
+        (*new).aggargtypes = pg_sys::lappend_oid(std::ptr::null_mut(), typ);
+        (*new).aggdirectargs = std::ptr::null_mut();
+        (*new).args =
+            list1(pg_sys::makeTargetEntry(partial.cast(), 1, std::ptr::null_mut(), false).cast());
+        (*new).aggorder = std::ptr::null_mut();
+        (*new).aggdistinct = std::ptr::null_mut();
+        (*new).aggfilter = std::ptr::null_mut();
+        (*new).aggstar = false;
+        (*new).aggvariadic = false;
+        (*new).aggsplit = pg_sys::AggSplit::AGGSPLIT_SIMPLE;
+        (*new).aggno = -1;
+        (*new).aggtransno = -1;
+        match (c.cast, cast_to) {
+            (Some(cast), Some(to)) => call(cast, to, vec![new.cast()], true),
+            _ => new.cast(),
+        }
+    }
+}
+
+/// A call of function `f` returning `returns` (an explicit cast when `cast`).
+///
+/// # Safety
+/// In [`to_partials`]; `args` are expressions of the query.
+#[allow(unsafe_code)]
+unsafe fn call(
+    f: pg_sys::Oid,
+    returns: pg_sys::Oid,
+    args: Vec<*mut pg_sys::Node>,
+    cast: bool,
+) -> *mut pg_sys::Node {
+    // SAFETY: as this function's contract.
+    unsafe {
+        let mut list: *mut pg_sys::List = std::ptr::null_mut();
+        for a in args {
+            list = pg_sys::lappend(list, a.cast());
+        }
+        pg_sys::makeFuncExpr(
+            f,
+            returns,
+            list,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            if cast {
+                pg_sys::CoercionForm::COERCE_EXPLICIT_CAST
+            } else {
+                pg_sys::CoercionForm::COERCE_EXPLICIT_CALL
+            },
+        )
+        .cast()
     }
 }
 
