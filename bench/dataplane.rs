@@ -700,11 +700,12 @@ async fn main() {
     .enumerate()
     {
         let base = baseline::StandbyCluster::start(dir.path(), 23400 + 30 * i as u16, PGMR, rtts);
-        let mut p = PgConnectOptions::new()
+        let primary = PgConnectOptions::new()
             .host("127.0.0.1")
             .port(base.primary_port)
             .username("postgres")
-            .database("postgres")
+            .database("postgres");
+        let mut p = primary
             .connect()
             .await
             .expect("connect to the baseline primary");
@@ -736,11 +737,7 @@ async fn main() {
                 let mut conns = Vec::with_capacity(n);
                 for _ in 0..n {
                     conns.push(
-                        PgConnectOptions::new()
-                            .host("127.0.0.1")
-                            .port(base.primary_port)
-                            .username("postgres")
-                            .database("postgres")
+                        primary
                             .connect()
                             .await
                             .expect("connect to the baseline primary"),
