@@ -91,6 +91,20 @@ pg_regress_phase() {
         --dbname=contrib_regression; then
         keep_failure "$phase" "$out"
     fi
+    # Concurrent sessions on a server of the phase's own (a schedule's isolation specs).
+    local specs
+    specs=$(sed -n 's/^# isolation (pg_isolation_regress, regress.sh): //p' "$work/$schedule")
+    if [ -n "$specs" ] && { ! run mkdir -p "$out/isolation" || ! run "$pg_isolation_regress" \
+        --bindir="$bindir" \
+        --inputdir="$work" \
+        --outputdir="$out/isolation" \
+        --temp-instance="$out/isolation/tmp_check" \
+        --temp-config="$work/$conf" \
+        --no-locale --encoding=UTF8 \
+        --dbname=isolation_regression \
+        $specs; }; then
+        keep_failure "$phase-isolation" "$out/isolation"
+    fi
 }
 
 # pg_regress cannot test a server that must fail to start, so this phase starts one directly
@@ -130,7 +144,8 @@ CONF
 demo=
 start_demo() {
     local out=$1; shift
-    "${PGMR:-$root/target/debug/pgmr}" demo --nodes 3 --no-shell "$@" >"$out/demo.log" 2>&1 &
+    # --keep: the nodes' logs outlive the cluster, kept by stop_demo when a phase failed.
+    "${PGMR:-$root/target/debug/pgmr}" demo --nodes 3 --no-shell --keep "$@" >"$out/demo.log" 2>&1 &
     demo=$!
     for _ in $(seq 1 120); do
         if grep -q "Press Ctrl-C" "$out/demo.log" 2>/dev/null; then return 0; fi
@@ -142,10 +157,37 @@ start_demo() {
     return 1
 }
 
+# Stops the cluster start_demo started. If any phase named after it failed meanwhile, each
+# node's PostgreSQL and pgmr logs go to regress/results/<phase>/node<N>/ (a deadlock's report,
+# with both sides' statements, is only in the server log) and its deadlock reports are shown.
+stop_demo() {
+    local out=$1 phase=$2 failed_before=$3
+    kill -TERM "$demo" 2>/dev/null || true
+    wait "$demo" 2>/dev/null || true
+    local kept
+    kept=$(sed -n 's/^data kept in //p' "$out/demo.log" | tail -n 1)
+    [ -n "$kept" ] && [ -d "$kept" ] || return 0
+    if [ "${#failed[@]}" -gt "$failed_before" ]; then
+        local node dest
+        for node in "$kept"/node*; do
+            dest="$root/regress/results/$phase/$(basename "$node")"
+            mkdir -p "$dest"
+            cp "$node/postgres.log" "$node/pgmr.log" "$dest/" 2>/dev/null || true
+            if grep -q "deadlock detected" "$dest/postgres.log" 2>/dev/null; then
+                echo "---- $phase: deadlocks in $(basename "$node")'s server log ----"
+                grep -B2 -A12 "deadlock detected" "$dest/postgres.log"
+            fi
+        done
+        echo "$phase: node logs kept in regress/results/$phase/"
+    fi
+    rm -rf "$kept"
+}
+
 # A real three-node cluster, one node per region; pg_regress runs against node 1.
 cluster_phase() {
     local out="$work/out-cluster"
     local pg_port=${REGRESS_CLUSTER_PORT:-17532}
+    local failed_before=${#failed[@]}
     echo "== phase cluster (pgmr demo --nodes 3) =="
     run mkdir "$out"
     if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27532 \
@@ -185,8 +227,7 @@ cluster_phase() {
         global_unique; then
         keep_failure cluster-isolation "$out/isolation"
     fi
-    kill -TERM "$demo" 2>/dev/null || true
-    wait "$demo" 2>/dev/null || true
+    stop_demo "$out" cluster "$failed_before"
 }
 
 # The SQL gateway, with psql and pgbench as its clients, on a cluster of its own (the MovR
@@ -194,6 +235,7 @@ cluster_phase() {
 gateway_phase() {
     local out="$work/out-gateway"
     local pg_port=${REGRESS_GATEWAY_PG_PORT:-17632} sql_port=${REGRESS_GATEWAY_PORT:-17732}
+    local failed_before=${#failed[@]}
     echo "== phase gateway (pgmr demo --nodes 3, psql and pgbench on the SQL gateway) =="
     run mkdir "$out"
     if ! start_demo "$out" --pg-port-base "$pg_port" --rpc-port-base 27632 \
@@ -270,8 +312,7 @@ gateway_phase() {
         cat "$out/app-replicated.log"
         failed+=(gateway-app-replicated)
     fi
-    kill -TERM "$demo" 2>/dev/null || true
-    wait "$demo" 2>/dev/null || true
+    stop_demo "$out" gateway "$failed_before"
 }
 
 # REGRESS_PHASES picks phases (space-separated) while developing; all run by default.

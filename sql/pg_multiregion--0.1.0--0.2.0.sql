@@ -559,3 +559,40 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_range_batch(bigint, bigint, text[],
     multiregion.apply_txn_rows(bigint, bigint, text, text, bigint, boolean),
     multiregion.begin_range_entry(bigint, bigint),
     multiregion.end_range_entry(bigint, bigint, bigint[]) FROM PUBLIC;
+
+-- Installing a snapshot into a partition locks its parents first, in DDL's order.
+CREATE OR REPLACE FUNCTION multiregion.begin_range_install(p_range bigint, p_schema text, p_table text,
+    p_partition text, p_index bigint, p_schema_version bigint, p_skip bigint[])
+RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass;
+    v_parent regclass;
+    v_at bigint;
+BEGIN
+    IF multiregion.schema_version() < p_schema_version THEN
+        RAISE EXCEPTION 'the snapshot of range % needs schema version %; this node has %',
+            p_range, p_schema_version, multiregion.schema_version()
+            USING ERRCODE = '55000';
+    END IF;
+    v_rel := multiregion.range_relation(p_schema, p_table, p_partition);
+    INSERT INTO multiregion.range_state (range_id, applied_index) VALUES (p_range, -1)
+        ON CONFLICT (range_id) DO NOTHING;
+    SELECT applied_index INTO v_at FROM multiregion.range_state WHERE range_id = p_range FOR UPDATE;
+    IF v_at > p_index THEN
+        RETURN false;
+    END IF;
+    -- A partition's parents first, as DDL locks them (apply.rs, lock_ancestors): the rows'
+    -- INSERT would lock the parent after the partition, crossing a schema change's order.
+    FOR v_parent IN
+        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(v_rel) WITH ORDINALITY a(relid, n)
+         WHERE a.relid <> v_rel ORDER BY a.n DESC
+    LOOP
+        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
+    END LOOP;
+    PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
+    EXECUTE format('DELETE FROM %s', v_rel);
+    UPDATE multiregion.range_state SET applied_index = p_index, skip = coalesce(p_skip, '{}')
+     WHERE range_id = p_range;
+    RETURN true;
+END
+$fn$;

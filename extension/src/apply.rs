@@ -37,6 +37,8 @@ struct Change<'a> {
 /// What applying changes needs of one relation, with its statements prepared.
 struct Rel {
     relid: pg_sys::Oid,
+    /// The partitioned tables above it, root first: locked before it (see [`lock_ancestors`]).
+    ancestors: Vec<pg_sys::Oid>,
     /// Replaces rows by key: `DELETE … WHERE (key) IN (rows of $1)`; `None` without a key.
     delete_keys: Option<OwnedPreparedStatement>,
     /// `INSERT … OVERRIDING SYSTEM VALUE SELECT … FROM jsonb_populate_recordset(…, $1)`.
@@ -128,6 +130,7 @@ fn apply_changes(p_changes: &str) {
             }
             match ch.op.as_str() {
                 "T" => {
+                    rel(c, &ch.s, &ch.t); // locks its ancestors first
                     let sql = format!("TRUNCATE {}.{}", spi::ident(&ch.s), spi::ident(&ch.t));
                     run(c.update(sql.as_str(), None, &[]), &sql);
                 }
@@ -213,16 +216,35 @@ fn insert_rows<'a>(
     }
 }
 
+/// Locks a partition's ancestors, root first, before the partition itself is touched: the
+/// order PostgreSQL's own DDL takes (a parent, then its partitions). Writing a partition
+/// directly takes them the other way round (the partition when the statement starts, its
+/// parent when the partition constraint is loaded), and an applier doing so deadlocked with
+/// a schema change on the parent on the same node (an `ALTER TABLE … SET LOCALITY` whose
+/// rebuild drops a foreign key of the partitioned table referencing it), which PostgreSQL
+/// resolved by failing the user's statement.
+#[allow(unsafe_code)]
+fn lock_ancestors(ancestors: &[pg_sys::Oid]) {
+    for &oid in ancestors {
+        // SAFETY: LockRelationOid takes a heavyweight lock by OID in this backend's current
+        // transaction (an SPI caller is always in one); it reads no relation and errors
+        // through PostgreSQL's usual path, which pgrx turns into a panic.
+        unsafe { pg_sys::LockRelationOid(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+    }
+}
+
 fn run<T>(r: Result<T, pgrx::spi::SpiError>, what: &str) {
     if let Err(e) = r {
         pgrx::error!("pg_multiregion: {what} failed: {e}");
     }
 }
 
-/// The relation `schema.table` with its statements, prepared on first use.
+/// The relation `schema.table` with its statements, prepared on first use; its ancestors
+/// locked (in this transaction) before anything touches it.
 fn rel(c: &mut SpiClient<'_>, schema: &str, table: &str) -> Rc<Rel> {
     let key = (schema.to_string(), table.to_string());
     if let Some(r) = RELS.with(|m| m.borrow().get(&key).cloned()) {
+        lock_ancestors(&r.ancestors);
         return r;
     }
     let name = format!("{}.{}", spi::ident(schema), spi::ident(table));
@@ -247,6 +269,19 @@ fn rel(c: &mut SpiClient<'_>, schema: &str, table: &str) -> Rc<Rel> {
         })
         .collect()
     };
+    let mut ancestors: Vec<pg_sys::Oid> = text_rows(
+        c,
+        "SELECT a.relid::pg_catalog.oid::text \
+           FROM pg_catalog.pg_partition_ancestors($1) WITH ORDINALITY a(relid, n) \
+          WHERE a.relid <> $1::pg_catalog.regclass ORDER BY a.n DESC",
+    )
+    .into_iter()
+    .filter_map(|r| r.into_iter().next().flatten()?.parse::<u32>().ok())
+    .map(pg_sys::Oid::from)
+    .collect();
+    ancestors.dedup();
+    // Before anything below (preparing locks the relation itself).
+    lock_ancestors(&ancestors);
     let key_cols: Vec<String> = text_rows(
         c,
         "SELECT a.attname::text FROM pg_catalog.pg_index i \
@@ -322,6 +357,7 @@ fn rel(c: &mut SpiClient<'_>, schema: &str, table: &str) -> Rc<Rel> {
     );
     let r = Rc::new(Rel {
         relid,
+        ancestors,
         delete_keys,
         insert,
         delete_one,

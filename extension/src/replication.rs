@@ -1383,6 +1383,7 @@ CREATE FUNCTION multiregion.begin_range_install(p_range bigint, p_schema text, p
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_rel regclass;
+    v_parent regclass;
     v_at bigint;
 BEGIN
     IF multiregion.schema_version() < p_schema_version THEN
@@ -1397,6 +1398,14 @@ BEGIN
     IF v_at > p_index THEN
         RETURN false;
     END IF;
+    -- A partition's parents first, as DDL locks them (apply.rs, lock_ancestors): the rows'
+    -- INSERT would lock the parent after the partition, crossing a schema change's order.
+    FOR v_parent IN
+        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(v_rel) WITH ORDINALITY a(relid, n)
+         WHERE a.relid <> v_rel ORDER BY a.n DESC
+    LOOP
+        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
+    END LOOP;
     PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
     EXECUTE format('DELETE FROM %s', v_rel);
     UPDATE multiregion.range_state SET applied_index = p_index, skip = coalesce(p_skip, '{}')
