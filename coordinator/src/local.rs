@@ -1,5 +1,6 @@
 //! The local channel: a Unix socket in the node's run directory, for the extension's backends
-//! and for `pgmr status`/`pgmr demo`. One request and one response per connection.
+//! and for `pgmr status`/`pgmr demo`. Requests are answered in turn, one response each; a backend
+//! keeps its connection between calls (`mr_wire::framing::LocalClient`).
 //!
 //! Only the PostgreSQL OS user, pgmr's own user and root may connect: the socket is mode 0600,
 //! owned by the PostgreSQL user, and each connection's peer credentials are checked too.
@@ -67,29 +68,36 @@ pub async fn serve(listener: UnixListener, node: Arc<Node>, pg_uid: Option<Uid>)
     }
 }
 
+/// Answers a connection's requests in turn. The first must come within 5 s; after that the
+/// connection is a backend's, kept between its statements, and waits as long as it likes.
 async fn answer(stream: UnixStream, node: &Node) -> Result<()> {
     let codec = LengthDelimitedCodec::builder()
         .max_frame_length(mr_wire::MAX_LOCAL_FRAME_LEN)
         .new_codec();
     let mut wire = Framed::new(stream, codec);
-    let frame = tokio::time::timeout(Duration::from_secs(5), wire.next())
+    let mut frame = tokio::time::timeout(Duration::from_secs(5), wire.next())
         .await
         .context("no request within 5 s")?
         .context("closed before sending a request")??;
-    let response = match serde_json::from_slice::<LocalRequest>(&frame) {
-        Ok(req) => node.local_request(req).await,
-        Err(e) => LocalResponse::error(format!("malformed request: {e}")),
-    };
-    let sent = wire.send(Bytes::from(serde_json::to_vec(&response)?)).await;
-    if sent.is_err() {
-        // A backend that replicated a write and is gone before hearing so will not commit
-        // it locally: the range must not serve writes until its applier has applied it.
-        if let LocalResponse::Replicated { entries } = response {
-            for (range_id, index) in entries {
-                node.abandon_replicated(range_id, index);
+    loop {
+        let response = match serde_json::from_slice::<LocalRequest>(&frame) {
+            Ok(req) => node.local_request(req).await,
+            Err(e) => LocalResponse::error(format!("malformed request: {e}")),
+        };
+        let sent = wire.send(Bytes::from(serde_json::to_vec(&response)?)).await;
+        if sent.is_err() {
+            // A backend that replicated a write and is gone before hearing so will not commit
+            // it locally: the range must not serve writes until its applier has applied it.
+            if let LocalResponse::Replicated { entries } = response {
+                for (range_id, index) in entries {
+                    node.abandon_replicated(range_id, index);
+                }
             }
         }
+        sent?;
+        frame = match wire.next().await {
+            Some(next) => next?,
+            None => return Ok(()),
+        };
     }
-    sent?;
-    Ok(())
 }

@@ -1,4 +1,5 @@
-//! The client side of the local channel: one request to this node's pgmr, one response.
+//! The client side of the local channel: requests to this node's pgmr, one response each, on
+//! a connection the backend keeps.
 //!
 //! Every call is bounded by `multiregion.sidecar_timeout` and polls for query cancellation
 //! while it waits, so neither a missing nor a stuck pgmr can hang a backend. Calls that pgmr
@@ -6,11 +7,33 @@
 
 use crate::error::MrError;
 use crate::gucs;
-use mr_wire::framing::{call_local, LocalCallError};
+use mr_wire::framing::{LocalCallError, LocalClient};
 use mr_wire::local::{
     EventRow, LocalRequest, LocalResponse, MetaGroup, NodeInfo, NodeRow, RegionZones, RttRow,
 };
+use std::cell::RefCell;
+use std::path::Path;
 use std::time::Duration;
+
+thread_local! {
+    /// This backend's connection to pgmr, kept between calls.
+    static CLIENT: RefCell<LocalClient> = RefCell::new(LocalClient::default());
+}
+
+/// One request to pgmr on this backend's kept connection (see [`LocalClient::call`]).
+fn call_local(
+    path: &Path,
+    req: &LocalRequest,
+    timeout: Duration,
+    tick: impl FnMut() -> bool,
+) -> Result<LocalResponse, LocalCallError> {
+    CLIENT.with(|c| match c.try_borrow_mut() {
+        Ok(mut client) => client.call(path, req, timeout, tick),
+        // A call made while another waits (e.g. from an exit callback that a terminate run
+        // inside the first one's `tick`): on a connection of its own.
+        Err(_) => LocalClient::default().call(path, req, timeout, tick),
+    })
+}
 
 /// The least time a meta group call gets: pgmr may wait up to 10 s for a leader election
 /// before it answers, and failing a statement that pgmr would still serve helps no one.

@@ -3,7 +3,7 @@
 //! Two channels use the same framing (a 4-byte big-endian length, then a JSON document):
 //!
 //! * the **local channel** ([`local`]): a PostgreSQL backend (the extension) asks its node's
-//!   pgmr over a Unix socket; one request, one response, then the connection closes;
+//!   pgmr over a Unix socket; one response per request, on a connection the backend keeps;
 //! * **inter-node RPC** ([`peer`]): pgmr to pgmr over TCP; a connection starts with a mutual
 //!   HMAC handshake ([`auth`]) and then carries multiplexed requests and responses tagged with
 //!   ids, so that heartbeats, the meta Raft group, range Raft groups and forwarded statements
