@@ -561,12 +561,25 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_range_batch(bigint, bigint, text[],
     multiregion.end_range_entry(bigint, bigint, bigint[]) FROM PUBLIC;
 
 -- Installing a snapshot into a partition locks its parents first, in DDL's order.
+CREATE FUNCTION multiregion.lock_partition_parents(p_rel regclass)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parent regclass;
+BEGIN
+    FOR v_parent IN
+        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(p_rel) WITH ORDINALITY a(relid, n)
+         WHERE a.relid <> p_rel ORDER BY a.n DESC
+    LOOP
+        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
+    END LOOP;
+END
+$fn$;
+REVOKE EXECUTE ON FUNCTION multiregion.lock_partition_parents(regclass) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION multiregion.begin_range_install(p_range bigint, p_schema text, p_table text,
     p_partition text, p_index bigint, p_schema_version bigint, p_skip bigint[])
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_rel regclass;
-    v_parent regclass;
     v_at bigint;
 BEGIN
     IF multiregion.schema_version() < p_schema_version THEN
@@ -581,18 +594,25 @@ BEGIN
     IF v_at > p_index THEN
         RETURN false;
     END IF;
-    -- A partition's parents first, as DDL locks them (apply.rs, lock_ancestors): the rows'
-    -- INSERT would lock the parent after the partition, crossing a schema change's order.
-    FOR v_parent IN
-        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(v_rel) WITH ORDINALITY a(relid, n)
-         WHERE a.relid <> v_rel ORDER BY a.n DESC
-    LOOP
-        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
-    END LOOP;
+    PERFORM multiregion.lock_partition_parents(v_rel);
     PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
     EXECUTE format('DELETE FROM %s', v_rel);
     UPDATE multiregion.range_state SET applied_index = p_index, skip = coalesce(p_skip, '{}')
      WHERE range_id = p_range;
     RETURN true;
+END
+$fn$;
+CREATE OR REPLACE FUNCTION multiregion.install_range_rows(p_schema text, p_table text, p_partition text, p_rows jsonb)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_rel regclass := multiregion.range_relation(p_schema, p_table, p_partition);
+    v_cols text;
+BEGIN
+    PERFORM multiregion.lock_partition_parents(v_rel);
+    SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
+      FROM pg_catalog.pg_attribute
+     WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
+    EXECUTE format('INSERT INTO %s (%s) OVERRIDING SYSTEM VALUE SELECT %s FROM jsonb_populate_recordset(NULL::%s, $1)',
+                   v_rel, v_cols, v_cols, v_rel) USING p_rows;
 END
 $fn$;

@@ -1372,6 +1372,23 @@ BEGIN
 END
 $fn$;
 
+-- Locks a partition's parents, root first, as DDL locks them (apply.rs, lock_ancestors):
+-- writing a partition directly locks its parent after it (when the partition constraint is
+-- loaded), which crosses a schema change's order on the same node and deadlocks with it.
+CREATE FUNCTION multiregion.lock_partition_parents(p_rel regclass)
+RETURNS void LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+    v_parent regclass;
+BEGIN
+    FOR v_parent IN
+        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(p_rel) WITH ORDINALITY a(relid, n)
+         WHERE a.relid <> p_rel ORDER BY a.n DESC
+    LOOP
+        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
+    END LOOP;
+END
+$fn$;
+
 -- Installing a snapshot of a range (pgmr, one transaction): begin_range_install replaces this
 -- replica's rows of the range by nothing and sets the cursor to the snapshot's index (false,
 -- changing nothing, when the replica is already past it; a new range's seed is index 0); install_range_rows adds the
@@ -1383,7 +1400,6 @@ CREATE FUNCTION multiregion.begin_range_install(p_range bigint, p_schema text, p
 RETURNS boolean LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
     v_rel regclass;
-    v_parent regclass;
     v_at bigint;
 BEGIN
     IF multiregion.schema_version() < p_schema_version THEN
@@ -1398,14 +1414,7 @@ BEGIN
     IF v_at > p_index THEN
         RETURN false;
     END IF;
-    -- A partition's parents first, as DDL locks them (apply.rs, lock_ancestors): the rows'
-    -- INSERT would lock the parent after the partition, crossing a schema change's order.
-    FOR v_parent IN
-        SELECT a.relid FROM pg_catalog.pg_partition_ancestors(v_rel) WITH ORDINALITY a(relid, n)
-         WHERE a.relid <> v_rel ORDER BY a.n DESC
-    LOOP
-        EXECUTE format('LOCK TABLE ONLY %s IN ACCESS SHARE MODE', v_parent);
-    END LOOP;
+    PERFORM multiregion.lock_partition_parents(v_rel);
     PERFORM pg_catalog.set_config('session_replication_role', 'replica', true);
     EXECUTE format('DELETE FROM %s', v_rel);
     UPDATE multiregion.range_state SET applied_index = p_index, skip = coalesce(p_skip, '{}')
@@ -1420,6 +1429,7 @@ DECLARE
     v_rel regclass := multiregion.range_relation(p_schema, p_table, p_partition);
     v_cols text;
 BEGIN
+    PERFORM multiregion.lock_partition_parents(v_rel);
     SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) INTO v_cols
       FROM pg_catalog.pg_attribute
      WHERE attrelid = v_rel AND attnum > 0 AND NOT attisdropped AND attgenerated = '';
@@ -1516,6 +1526,7 @@ REVOKE EXECUTE ON FUNCTION multiregion.apply_change(text, text, text, jsonb, jso
     multiregion.advance_range(bigint, bigint),
     multiregion.range_checksum(bigint, text, text, text),
     multiregion.range_relation(text, text, text),
+    multiregion.lock_partition_parents(regclass),
     multiregion.begin_range_install(bigint, text, text, text, bigint, bigint, bigint[]),
     multiregion.install_range_rows(text, text, text, jsonb),
     multiregion.finish_range_install(text, text, text),
