@@ -267,10 +267,7 @@ mod tests {
         let listener = UnixListener::bind(&path).unwrap();
         let server = std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
-            let mut len = [0u8; 4];
-            s.read_exact(&mut len).unwrap();
-            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-            s.read_exact(&mut body).unwrap();
+            read_request(&mut s);
             let frame = encode(&LocalResponse::error("x".repeat(20_000))).unwrap();
             let (a, b) = frame.split_at(3);
             s.write_all(a).unwrap();
@@ -314,13 +311,18 @@ mod tests {
         ));
     }
 
+    /// Reads one request frame off a server-side connection.
+    fn read_request(s: &mut std::os::unix::net::UnixStream) {
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        s.read_exact(&mut body).unwrap();
+    }
+
     /// Serves `n` requests on one accepted connection, answering each with its index.
     fn answer(s: &mut std::os::unix::net::UnixStream, n: usize) {
         for i in 0..n {
-            let mut len = [0u8; 4];
-            s.read_exact(&mut len).unwrap();
-            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-            s.read_exact(&mut body).unwrap();
+            read_request(s);
             s.write_all(&encode(&LocalResponse::error(i.to_string())).unwrap())
                 .unwrap();
         }
@@ -391,10 +393,7 @@ mod tests {
         let server = std::thread::spawn(move || {
             // The first request is read but answered only after the caller gave up.
             let (mut first, _) = listener.accept().unwrap();
-            let mut len = [0u8; 4];
-            first.read_exact(&mut len).unwrap();
-            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
-            first.read_exact(&mut body).unwrap();
+            read_request(&mut first);
             let (mut second, _) = listener.accept().unwrap();
             let _ = first.write_all(&encode(&LocalResponse::error("late")).unwrap());
             answer(&mut second, 1);
