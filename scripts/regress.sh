@@ -7,7 +7,8 @@
 #
 #   nopreload     without shared_preload_libraries: the extension must refuse to load;
 #   preload       configured as "pgmr start" configures a node, but with no pgmr running;
-#   unconfigured  preloaded, with neither locality nor sidecar socket set;
+#   unconfigured  preloaded, with neither locality nor sidecar socket set (and, on a server of
+#                 its own, the isolation spec of the appliers' lock order);
 #   startup       a malformed multiregion.locality in postgresql.conf must stop the server;
 #   cluster       against a real three-region cluster ("pgmr demo --nodes 3", one node per
 #                 region): the region and locality SQL, replicated through the meta group,

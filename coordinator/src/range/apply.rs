@@ -252,13 +252,28 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
         if waited >= ASK_AFTER && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
             asked = Some(Instant::now());
             if let Some(r) = ctx.ranges.upgrade() {
-                // A coordinator still at work (slow prepares) is waited for, not overruled.
-                let propose = (waited >= ABORT_AFTER
-                    && (waited >= super::twophase::COORDINATOR_LIMIT
-                        || !r.coordinator_alive(gid).await))
-                    .then_some(false);
-                if let Ok(Some(d)) = r.decide(anchor, gid, propose).await {
-                    return Ok(d);
+                // An anchor that no longer exists (its table or partition dropped, e.g. by
+                // DROP REGION, after the transaction prepared and before it was decided
+                // there) records nothing more; this range's leader holds the transaction's
+                // part and hears the decision from the coordinator. A decision a node
+                // knows is the transaction's (only the coordinator proposes commit, after
+                // the anchor recorded it), so asking without proposing is always safe.
+                if !r.range_exists(anchor) {
+                    if ctx.g.range_id != anchor {
+                        if let Ok(Some(d)) = r.decide(ctx.g.range_id, gid, None).await {
+                            return Ok(d);
+                        }
+                    }
+                } else {
+                    // A coordinator still at work (slow prepares) is waited for, not
+                    // overruled.
+                    let propose = (waited >= ABORT_AFTER
+                        && (waited >= super::twophase::COORDINATOR_LIMIT
+                            || !r.coordinator_alive(gid).await))
+                        .then_some(false);
+                    if let Ok(Some(d)) = r.decide(anchor, gid, propose).await {
+                        return Ok(d);
+                    }
                 }
             }
         }

@@ -209,6 +209,11 @@ impl Ranges {
         }
     }
 
+    /// Whether range `range_id` is in the meta group's descriptors (not dropped).
+    pub(super) fn range_exists(&self, range_id: u64) -> bool {
+        self.meta.read(|s| s.range(range_id).is_some())
+    }
+
     /// [`Self::decide`] on the anchor's leader.
     async fn decide_here(
         &self,
