@@ -75,7 +75,16 @@ pub async fn run(
         };
         match step(&ctx, &mut conn, &mut cursor, target).await {
             Ok(()) => backoff = BACKOFF_MIN,
-            Err(e) => {
+            // Nothing is wrong: the rest of a transaction's entries are still on their way.
+            Err(Halt::Wait(e)) => {
+                tracing::debug!(range_id = g.range_id, "range applier waits: {e}");
+                tokio::select! {
+                    _ = committed.changed() => {}
+                    _ = g.stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+            Err(Halt::Fail(e)) => {
                 tracing::debug!(range_id = g.range_id, "range applier: {e}");
                 conn = None;
                 cursor = None;
@@ -86,6 +95,20 @@ pub async fn run(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
+    }
+}
+
+/// Why a step stopped before `target`.
+enum Halt {
+    /// Something failed: reconnect, reload the cursor, back off.
+    Fail(String),
+    /// An entry needs later entries not committed here yet: wait for them, keep the rest.
+    Wait(String),
+}
+
+impl From<String> for Halt {
+    fn from(e: String) -> Halt {
+        Halt::Fail(e)
     }
 }
 
@@ -104,12 +127,12 @@ async fn step(
     conn: &mut Option<PgConnection>,
     cursor: &mut Option<u64>,
     target: u64,
-) -> Result<(), String> {
+) -> Result<(), Halt> {
     let Ctx {
         g, db, pg_cfg, pg, ..
     } = *ctx;
     if pg.ready_pid().is_none() {
-        return Err("PostgreSQL is not ready".into());
+        return Err(Halt::Fail("PostgreSQL is not ready".into()));
     }
     if conn.is_none() {
         let mut c = pg_cfg
@@ -151,11 +174,11 @@ async fn step(
         // The log no longer starts after the cursor: a snapshot was installed (and the log
         // purged up to it) since the cursor was read. Read it again.
         *cursor = None;
-        return Err(format!(
+        return Err(Halt::Fail(format!(
             "range {}: entry {} is not in the log; reloading the cursor",
             g.range_id,
             at + 1
-        ));
+        )));
     }
     for e in entries {
         let index = e.log_id.index;
@@ -185,7 +208,18 @@ async fn step(
                             // A transaction split over several entries: all of them here,
                             // in one PostgreSQL transaction; the later ones are skipped.
                             Some(ch) if ch.seq == 0 && ch.of > 1 => {
-                                let (changes, skip) = chunks(g, db, index, gid, w, ch.of)?;
+                                // The decision may be known (from the anchor) before the
+                                // other entries reach this replica's log: wait for them
+                                // without reading the log again for each one that arrives.
+                                let last = *g.committed.borrow();
+                                if last < index + u64::from(ch.of) - 1 {
+                                    return Err(Halt::Wait(format!(
+                                        "entry {index} starts a transaction of {} entries; the log is committed up to {last}",
+                                        ch.of
+                                    )));
+                                }
+                                let (changes, skip) =
+                                    chunks(g, db, index, gid, w, ch.of).map_err(Halt::Wait)?;
                                 apply_txn(c, g.range_id, index, w, &changes, false, &skip).await
                             }
                             _ => apply_txn(c, g.range_id, index, w, &w.changes, false, &[]).await,
