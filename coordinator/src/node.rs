@@ -1612,6 +1612,10 @@ impl Handler for Node {
                 }
                 None => Box::pin(async move { not_ready() }),
             },
+            PeerRequest::SealRange { range_id } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_seal(range_id).await }),
+                None => Box::pin(async move { not_ready() }),
+            },
             PeerRequest::TxnCoordinating { gid } => {
                 let coordinating = self.ranges.get().is_some_and(|r| r.coordinating(&gid));
                 Box::pin(async move { PeerResponse::TxnCoordinating { coordinating } })

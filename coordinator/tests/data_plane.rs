@@ -1652,14 +1652,21 @@ async fn try_connect_db(port: u16, db: &str) -> PgConnection {
 /// Restarts `node` (node 1 of [`regional_bank`]) with `failpoint` armed; a connection to it
 /// once it serves a (no-op) transfer again.
 async fn restart_with_failpoint(node: &mut Node, failpoint: &str, per: i32) -> PgConnection {
+    restart_with_failpoint_probe(node, failpoint, &transfer_sql(1, per, 0, 0)).await
+}
+
+/// Restarts `node` with `PGMR_FAILPOINT=failpoint`; a session of database `mr` on it once
+/// `probe` runs there.
+async fn restart_with_failpoint_probe(
+    node: &mut Node,
+    failpoint: &str,
+    probe: &str,
+) -> PgConnection {
     node.crash();
     node.restart_with_env(&[("PGMR_FAILPOINT", failpoint)]);
-    eventually("node 1 back", Duration::from_secs(90), || async {
+    eventually("the node back", Duration::from_secs(90), || async {
         let mut c = connect(node, "mr").await?;
-        sqlx::raw_sql(&transfer_sql(1, per, 0, 0))
-            .execute(&mut c)
-            .await
-            .ok()?;
+        sqlx::raw_sql(probe).execute(&mut c).await.ok()?;
         Some(c)
     })
     .await
@@ -1706,6 +1713,160 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
         exec(&mut w, &transfer_sql(2, PER, 0, 0)).await;
     }
     check_consistency(&nodes[2]);
+}
+
+/// The range holding a two-phase commit's decision (its anchor: a range the coordinator's
+/// node leads, here one the transaction does not write, so nothing holds its table) is
+/// dropped while the transaction is prepared and undecided (its coordinator pauses,
+/// `2pc-slow-decide`): the meta leader has the range's leaseholder seal its log before the
+/// drop, and the node that applied the seal answers for the range's decisions from then on.
+/// So the coordinator, resuming, finds the transaction decided abort and rolls every part
+/// back; and when the coordinator dies instead, the other nodes' prepared parts learn the
+/// abort from that node once it is back. (With nowhere to ask, both waited forever: the
+/// decision had no range left.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_whose_anchor_range_is_dropped_undecided_is_aborted_everywhere() {
+    let dir = scratch("data-2pc-dropped-anchor");
+    let mut nodes = start_cluster(dir.path(), 74, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut c = nodes[0].sql().await;
+    exec(
+        &mut c,
+        "SELECT multiregion.set_cluster_setting('multiregion.replication.enabled', 'true')",
+    )
+    .await;
+    exec(&mut c, "CREATE DATABASE mr").await;
+    let mut east = eventually("database mr", Duration::from_secs(30), || {
+        connect(&nodes[0], "mr")
+    })
+    .await;
+    // The us-west1 node leads the anchors only (the lowest range it leads is the anchor of a
+    // transaction that writes nothing there); t and u are led in the other regions.
+    execute_all(
+        &mut east,
+        &[
+            r#"ALTER DATABASE mr PRIMARY REGION "us-east1""#,
+            r#"ALTER DATABASE mr ADD REGION "us-west1""#,
+            r#"ALTER DATABASE mr ADD REGION "europe-west1""#,
+            r#"CREATE TABLE anchor_1 (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE anchor_2 (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
+            r#"CREATE TABLE u (id int PRIMARY KEY, v int NOT NULL) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+        ],
+    )
+    .await;
+    exec_once_settled(&mut east, "INSERT INTO t VALUES (1, 0)").await;
+    exec_once_settled(&mut east, "INSERT INTO u VALUES (1, 0)").await;
+    let east_port = nodes[0].pg_port;
+    let range_of = move |table: &'static str| {
+        let port = east_port;
+        async move {
+            let mut c = PgConnectOptions::new()
+                .host("127.0.0.1")
+                .port(port)
+                .username("postgres")
+                .database("mr")
+                .connect()
+                .await
+                .ok()?;
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT range_id, lease_holder FROM multiregion.ranges WHERE table_name = $1",
+            )
+            .bind(table)
+            .fetch_optional(&mut c)
+            .await
+            .ok()
+            .flatten()
+        }
+    };
+    for (table, holder) in [("anchor_1", 2), ("anchor_2", 2), ("t", 1), ("u", 3)] {
+        eventually("the leases settled", Duration::from_secs(60), || async {
+            range_of(table).await.filter(|r| r.1 == holder)
+        })
+        .await;
+    }
+    let mut w = restart_with_failpoint_probe(&mut nodes[1], "2pc-slow-decide", "SELECT 1").await;
+    for (round, table, coordinator_dies) in [(1, "anchor_1", false), (2, "anchor_2", true)] {
+        let (anchor, _) = range_of(table).await.unwrap();
+        // Through the us-west1 node: rows leased in us-east1 and europe-west1 (parts there).
+        let txn = tokio::spawn(async move {
+            let mut r = Ok(());
+            for sql in [
+                "BEGIN",
+                "UPDATE t SET v = v + 1 WHERE id = 1",
+                "UPDATE u SET v = v + 1 WHERE id = 1",
+                "COMMIT",
+            ] {
+                if let Err(e) = sqlx::query(sql).execute(&mut w).await {
+                    r = Err(e);
+                    break;
+                }
+            }
+            (w, r)
+        });
+        let prepared = eventually("the parts prepared", Duration::from_secs(20), || async {
+            let mut names = Vec::new();
+            for n in [&nodes[0], &nodes[2]] {
+                let mut c = connect(n, "mr").await?;
+                let name: String = sqlx::query_scalar("SELECT gid FROM pg_prepared_xacts")
+                    .fetch_optional(&mut c)
+                    .await
+                    .ok()??;
+                names.push(name);
+            }
+            Some(names)
+        })
+        .await;
+        assert!(
+            prepared[0].starts_with(&format!("mr:{anchor}:")),
+            "round {round}: the decision is not in {table}'s range: {prepared:?}"
+        );
+        exec(&mut east, &format!("DROP TABLE {table}")).await;
+        eventually(
+            "the anchor's range dropped",
+            Duration::from_secs(25),
+            || async { range_of(table).await.is_none().then_some(()) },
+        )
+        .await;
+        if coordinator_dies {
+            nodes[1].crash();
+            let (_, r) = txn.await.unwrap();
+            assert!(r.is_err(), "a transaction whose coordinator died committed");
+            // The parts wait for the node that sealed the anchor (the dead coordinator's) …
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mut e = connect(&nodes[0], "mr").await.unwrap();
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_prepared_xacts")
+                .fetch_one(&mut e)
+                .await
+                .unwrap();
+            assert_eq!(
+                left, 1,
+                "a part resolved without the node that holds its decision"
+            );
+            nodes[1].restart();
+            w = eventually("node 2 back", Duration::from_secs(90), || {
+                connect(&nodes[1], "mr")
+            })
+            .await;
+        } else {
+            let (back, r) = txn.await.unwrap();
+            w = back;
+            let err = r.expect_err("decided abort: the anchor was sealed undecided");
+            assert_eq!(code(&err), "40001", "{err}");
+        }
+        // … and every part is rolled back.
+        no_prepared_transactions(&nodes).await;
+        for n in &nodes {
+            let mut c = connect(n, "mr").await.unwrap();
+            let v: (i32, i32) = sqlx::query_as("SELECT t.v, u.v FROM t, u")
+                .fetch_one(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(v, (0, 0), "round {round}, node on {}", n.pg_port);
+        }
+        exec(&mut east, "SET lock_timeout = '5s'").await;
+        exec(&mut east, "UPDATE t SET v = v WHERE id = 1").await;
+    }
+    check_consistency(&nodes[0]);
 }
 
 /// An INSERT into a REGIONAL BY ROW table runs on the node leasing the partitions its rows

@@ -65,6 +65,8 @@ pub struct Meta {
     /// Idle proposer sessions: (client, next sequence number). A proposal takes one, so each
     /// session has at most one proposal in flight, as exactly-once needs.
     sessions: Mutex<Vec<(ClientId, u64)>>,
+    /// Ranges to drop whose seal has failed, since when (the leader's upkeep, [`ranges`]).
+    unsealed: Mutex<BTreeMap<u64, Instant>>,
 }
 
 impl Meta {
@@ -93,6 +95,7 @@ impl Meta {
             me,
             transport,
             sessions: Mutex::new(Vec::new()),
+            unsealed: Mutex::new(BTreeMap::new()),
         }))
     }
 

@@ -13,12 +13,17 @@
 
 use super::Meta;
 use mr_meta::{Command, MetaState, NodeStatus, RangeDescriptor, ReplicaKind, TableRef};
+use mr_wire::peer::{PeerRequest, PeerResponse};
 use mr_zoneconfig::allocate::{allocate, same_replicas, Candidate};
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// At most this many descriptor changes per pass, so one pass cannot flood the meta log.
 const CHANGES_PER_PASS: usize = 32;
+/// How long a range to drop is asked to seal (its leaseholder may be failing over) before it
+/// is dropped unsealed; and how long one ask may take.
+const SEAL_PATIENCE: Duration = Duration::from_secs(60);
+const SEAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One proposed change of the descriptors.
 #[derive(Debug, Clone, PartialEq)]
@@ -153,12 +158,59 @@ pub fn plan(state: &MetaState, now_ms: u64) -> Vec<RangeChange> {
 }
 
 impl Meta {
+    /// Has range `range_id`'s leaseholder close its log with a seal entry before the range
+    /// is dropped (docs/ARCHITECTURE.md §8.5): the node that applied it, which then answers
+    /// for the range's two-phase commit decisions. `Ok(None)`: the range never had a
+    /// leaseholder, so it recorded no decision and there is nothing to seal.
+    async fn seal(&self, range_id: u64, now_ms: u64) -> Result<Option<u64>, String> {
+        let Some(mut holder) = self.read(|s| s.lease(range_id).map(|l| l.holder)) else {
+            return Ok(None);
+        };
+        // The lease may have moved without the meta state showing it yet: follow the
+        // leader the holder names, once.
+        for _ in 0..2 {
+            // A node that is not live is not waited for (a cut-off one would hold the pass).
+            let addr = self
+                .read(|s| {
+                    s.node(holder)
+                        .filter(|n| n.status(now_ms) == NodeStatus::Live)
+                        .map(|n| n.rpc_addr.clone())
+                })
+                .ok_or_else(|| format!("node {holder} is not live"))?;
+            match self
+                .transport
+                .call(&addr, PeerRequest::SealRange { range_id }, SEAL_TIMEOUT)
+                .await
+            {
+                Ok(PeerResponse::Sealed { node_id }) => return Ok(Some(node_id)),
+                Ok(PeerResponse::NotLeader {
+                    leader_id: Some(l), ..
+                }) if l != holder => holder = l,
+                Ok(other) => return Err(format!("node {holder} answered {other:?}")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Err(format!("no leader of range {range_id} found"))
+    }
+
     /// One pass of the descriptor upkeep; does nothing on a node that is not the leader.
     pub async fn reconcile_ranges(&self, now_ms: u64) -> anyhow::Result<()> {
         if self.metrics().state != openraft::ServerState::Leader {
             return Ok(());
         }
         let changes = self.read(|s| plan(s, now_ms));
+        // The ranges to drop are sealed first, together.
+        let seals: std::collections::BTreeMap<u64, Result<Option<u64>, String>> =
+            futures::future::join_all(changes.iter().filter_map(|c| match c {
+                RangeChange::Drop { range_id } => {
+                    let id = *range_id;
+                    Some(async move { (id, self.seal(id, now_ms).await) })
+                }
+                _ => None,
+            }))
+            .await
+            .into_iter()
+            .collect();
         for change in changes {
             tracing::info!(?change, "range descriptor change");
             let command = match change {
@@ -179,7 +231,37 @@ impl Meta {
                     expected_generation: Some(range.generation),
                     range,
                 },
-                RangeChange::Drop { range_id } => Command::DropRange { range_id },
+                RangeChange::Drop { range_id } => {
+                    let sealed_by = match seals.get(&range_id).cloned().unwrap_or(Ok(None)) {
+                        Ok(node) => node,
+                        Err(e) => {
+                            let since = *self
+                                .unsealed
+                                .lock()
+                                .expect("unsealed lock")
+                                .entry(range_id)
+                                .or_insert_with(Instant::now);
+                            if since.elapsed() < SEAL_PATIENCE {
+                                tracing::debug!(range_id, "cannot seal a range to drop yet: {e}");
+                                continue;
+                            }
+                            tracing::warn!(
+                                range_id,
+                                "dropping a range that could not be sealed: {e}"
+                            );
+                            None
+                        }
+                    };
+                    self.unsealed
+                        .lock()
+                        .expect("unsealed lock")
+                        .remove(&range_id);
+                    Command::DropRange {
+                        range_id,
+                        sealed_by,
+                        at_ms: now_ms,
+                    }
+                }
             };
             self.propose(command, Duration::from_secs(5)).await?;
         }

@@ -228,7 +228,7 @@ async fn step(
                         advance(c, g.range_id, index).await
                     }
                 }
-                TxnKind::Decide { .. } => advance(c, g.range_id, index).await,
+                TxnKind::Decide { .. } | TxnKind::Seal => advance(c, g.range_id, index).await,
                 TxnKind::Batch { also } => {
                     g.saw_data(true);
                     apply_batch(c, g.range_id, index, w, also).await
@@ -288,11 +288,20 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
             if let Some(r) = ctx.ranges.upgrade() {
                 // An anchor that no longer exists (its table or partition dropped, e.g. by
                 // DROP REGION, after the transaction prepared and before it was decided
-                // there) records nothing more; this range's leader holds the transaction's
-                // part and hears the decision from the coordinator. A decision a node
-                // knows is the transaction's (only the coordinator proposes commit, after
-                // the anchor recorded it), so asking without proposing is always safe.
+                // there) records nothing more: the node that applied its seal answers for
+                // its decisions; else (a range dropped without a seal) this range's leader,
+                // which holds the transaction's part and hears the decision from the
+                // coordinator. A decision a node knows is the transaction's (only the
+                // coordinator proposes commit, after the anchor recorded it), so asking
+                // without proposing is always safe.
                 if !r.range_exists(anchor) {
+                    // Sealed before its drop: the node that applied the seal answers for it
+                    // (a transaction it holds no decision for is decided abort there).
+                    if r.sealed_by(anchor).is_some() {
+                        if let Ok(Some(d)) = r.decide(anchor, gid, None).await {
+                            return Ok(d);
+                        }
+                    }
                     if ctx.g.range_id != anchor {
                         if let Ok(Some(d)) = r.decide(ctx.g.range_id, gid, None).await {
                             return Ok(d);

@@ -41,6 +41,14 @@ pub struct Header {
     /// Entries after `index` whose rows the snapshot already holds.
     pub skip: Vec<u64>,
     pub rows: u64,
+    /// The two-phase commit decisions the range's log recorded lately (transaction, commit):
+    /// replicated state like the rows, so a replica that starts here answers for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<(String, bool)>,
+    /// The index of the range's seal entry, if the source had applied it: a `Decide` after
+    /// it records only abort, on this replica as on the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_at: Option<u64>,
 }
 
 /// Where a range's rows live on this node.
@@ -237,12 +245,19 @@ impl Source {
                 .unwrap_or_default();
         }
         sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
+        let since = crate::node::now_ms().saturating_sub(super::store::DECISIONS_IN_SNAPSHOT_MS);
+        let decisions = super::store::range_decisions(db, range_id, since)
+            .map_err(|e| format!("reading the range's decisions: {e}"))?;
+        let sealed_at = super::store::sealed_at(db, range_id)
+            .map_err(|e| format!("reading the range's seal: {e}"))?;
         let header = Header {
             range_id,
             index,
             schema_version,
             skip,
             rows,
+            decisions,
+            sealed_at,
         };
         let mut out = serde_json::to_vec(&header).expect("headers serialize");
         out.push(b'\n');
@@ -578,6 +593,8 @@ impl Source {
             schema_version: 0,
             skip: vec![],
             rows: rows.lines().count() as u64,
+            decisions: vec![],
+            sealed_at: None,
         };
         let mut c = self.connect().await?;
         let r = self
@@ -936,6 +953,8 @@ mod tests {
             schema_version: 3,
             skip: vec![44, 46],
             rows: 2,
+            decisions: vec![("mr:1:2".into(), true), ("mr:1:3".into(), false)],
+            sealed_at: Some(50),
         };
         let mut data = serde_json::to_vec(&h).unwrap();
         data.push(b'\n');

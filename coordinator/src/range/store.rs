@@ -39,6 +39,17 @@ const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_me
 /// `Decide` entries of anchor ranges it holds (the first per transaction), and from anchors'
 /// leaseholders asked by the applier.
 const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions");
+/// The decisions each range's log recorded, by (range, transaction): (1 commit / 0 abort,
+/// the `Decide` entry's time). Part of the range's replicated state: snapshots carry those
+/// of the last [`DECISIONS_IN_SNAPSHOT_MS`], so a replica that joined from a snapshot answers
+/// as one that applied the whole log.
+const RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
+    TableDefinition::new("range_decisions");
+/// How old a decision a snapshot still carries: parts ask their anchor within seconds (a part
+/// range's replicas that come back later learn from their own range's leader).
+pub const DECISIONS_IN_SNAPSHOT_MS: u64 = 24 * 3600 * 1000;
+/// The index of the range's `Seal` entry, once applied here.
+const SEALED: &str = "sealed";
 const VOTE: &str = "vote";
 const COMMITTED: &str = "committed";
 const APPLIED: &str = "applied";
@@ -66,6 +77,7 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<Database>> {
     tx.open_table(LOG)?;
     tx.open_table(META)?;
     tx.open_table(DECISIONS)?;
+    tx.open_table(RANGE_DECISIONS)?;
     tx.commit()?;
     Ok(Arc::new(db))
 }
@@ -168,6 +180,76 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
     let tx = db.begin_read()?;
     let t = tx.open_table(DECISIONS)?;
     Ok(t.get(gid)?.map(|v| v.value() == 1))
+}
+
+/// The decisions range `range`'s log recorded at or after `since_ms`: (transaction, commit).
+pub fn range_decisions(
+    db: &Database,
+    range: u64,
+    since_ms: u64,
+) -> Result<Vec<(String, bool)>, redb::Error> {
+    let tx = db.begin_read()?;
+    let t = tx.open_table(RANGE_DECISIONS)?;
+    let mut out = Vec::new();
+    for kv in t.range((range, "")..)? {
+        let (k, v) = kv?;
+        let (r, gid) = k.value();
+        if r != range {
+            break;
+        }
+        let (commit, at_ms) = v.value();
+        if at_ms >= since_ms {
+            out.push((gid.to_string(), commit == 1));
+        }
+    }
+    Ok(out)
+}
+
+/// Records the decisions a snapshot of `range` carries, as its log recorded them (a decision
+/// known here already stands: both are the transaction's one decision).
+pub fn install_range_decisions(
+    db: &Database,
+    range: u64,
+    decisions: &[(String, bool)],
+    sealed_at: Option<u64>,
+    at_ms: u64,
+) -> Result<(), redb::Error> {
+    if decisions.is_empty() && sealed_at.is_none() {
+        return Ok(());
+    }
+    crate::blocking::run(|| {
+        let tx = db.begin_write()?;
+        if let Some(index) = sealed_at {
+            let at = serde_json::to_vec(&index).expect("numbers serialize");
+            tx.open_table(META)?
+                .insert((range, SEALED), at.as_slice())?;
+        }
+        {
+            let mut t = tx.open_table(DECISIONS)?;
+            let mut mine = tx.open_table(RANGE_DECISIONS)?;
+            for (gid, commit) in decisions {
+                if t.get(gid.as_str())?.is_none() {
+                    t.insert(gid.as_str(), u8::from(*commit))?;
+                }
+                if mine.get((range, gid.as_str()))?.is_none() {
+                    mine.insert((range, gid.as_str()), (u8::from(*commit), at_ms))?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    })
+}
+
+/// The index of range `range`'s `Seal` entry, if this replica applied it (or installed a
+/// snapshot that knew it).
+pub fn sealed_at(db: &Database, range: u64) -> Result<Option<u64>, redb::Error> {
+    get::<u64>(db, range, SEALED)
+}
+
+/// Whether this node applied range `range`'s `Seal` entry (and still holds its replica).
+pub fn sealed(db: &Database, range: u64) -> Result<bool, redb::Error> {
+    Ok(sealed_at(db, range)?.is_some())
 }
 
 /// Records `gid`'s decision as learned from its anchor's leaseholder (unless one is known).
@@ -686,6 +768,21 @@ impl RaftSnapshotBuilder<RangeConfig> for StateMachine {
     }
 }
 
+/// What the state machine records of an entry, in log order.
+enum Recorded {
+    /// A `Decide` entry, answered in `out[slot]`.
+    Decide {
+        slot: usize,
+        gid: String,
+        commit: bool,
+        at_ms: u64,
+        index: u64,
+    },
+    Seal {
+        index: u64,
+    },
+}
+
 impl RaftStateMachine<RangeConfig> for StateMachine {
     type SnapshotBuilder = StateMachine;
 
@@ -702,7 +799,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut out = Vec::new();
-        let mut decides = Vec::new();
+        let mut decides: Vec<Recorded> = Vec::new();
         let record = {
             let mut a = self.applied.lock().expect("applied lock");
             for e in entries {
@@ -711,11 +808,19 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                     EntryPayload::Membership(m) => {
                         a.membership = StoredMembership::new(Some(e.log_id), m);
                     }
-                    EntryPayload::Normal(w) => {
-                        if let TxnKind::Decide { gid, commit } = w.kind {
-                            decides.push((out.len(), gid, commit));
-                        }
-                    }
+                    EntryPayload::Normal(w) => match w.kind {
+                        TxnKind::Decide { gid, commit } => decides.push(Recorded::Decide {
+                            slot: out.len(),
+                            gid,
+                            commit,
+                            at_ms: w.at_ms,
+                            index: e.log_id.index,
+                        }),
+                        TxnKind::Seal => decides.push(Recorded::Seal {
+                            index: e.log_id.index,
+                        }),
+                        _ => {}
+                    },
                     EntryPayload::Blank => {}
                 }
                 out.push(None);
@@ -731,21 +836,52 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             if !current(&tx, self.range, self.inc)? {
                 return Ok(());
             }
-            tx.set_durability(Durability::None);
+            // A seal's answer is read from this node's decisions once the range is gone, so
+            // a batch with one is synced.
+            tx.set_durability(
+                if decides.iter().any(|d| matches!(d, Recorded::Seal { .. })) {
+                    Durability::Immediate
+                } else {
+                    Durability::None
+                },
+            );
             tx.open_table(META)?
                 .insert((self.range, APPLIED), bytes.as_slice())?;
             purge_pending(&tx, self.range, record.0.map_or(0, |l| l.index))?;
-            {
+            if !decides.is_empty() {
+                let mut sealed_at: Option<u64> = tx
+                    .open_table(META)?
+                    .get((self.range, SEALED))?
+                    .and_then(|v| serde_json::from_slice(v.value()).ok());
                 let mut t = tx.open_table(DECISIONS)?;
-                for (i, gid, commit) in &decides {
-                    let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
-                    let decided = match known {
-                        Some(d) => d,
-                        None => {
-                            t.insert(gid.as_str(), u8::from(*commit))?;
-                            *commit
+                let mut mine = tx.open_table(RANGE_DECISIONS)?;
+                for d in &decides {
+                    let (i, gid, commit, at_ms, index) = match d {
+                        Recorded::Decide {
+                            slot,
+                            gid,
+                            commit,
+                            at_ms,
+                            index,
+                        } => (slot, gid, commit, at_ms, index),
+                        Recorded::Seal { index } => {
+                            sealed_at = Some(*index);
+                            let at = serde_json::to_vec(index).expect("numbers serialize");
+                            tx.open_table(META)?
+                                .insert((self.range, SEALED), at.as_slice())?;
+                            continue;
                         }
                     };
+                    let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
+                    // The first decision stands; after the seal, only abort can be first.
+                    let sealed = sealed_at.is_some_and(|s| *index > s);
+                    let decided = known.unwrap_or(*commit && !sealed);
+                    if known.is_none() {
+                        t.insert(gid.as_str(), u8::from(decided))?;
+                    }
+                    if mine.get((self.range, gid.as_str()))?.is_none() {
+                        mine.insert((self.range, gid.as_str()), (u8::from(decided), *at_ms))?;
+                    }
                     out[*i] = Some(decided);
                 }
             }
@@ -802,6 +938,14 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                 }
             }
         }
+        install_range_decisions(
+            &self.db,
+            self.range,
+            &header.decisions,
+            header.sealed_at,
+            crate::node::now_ms(),
+        )
+        .map_err(|e| io(e, StorageIOError::write))?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_AFTER_ROWS);
         if header.rows > 0 || !header.skip.is_empty() {
             put(&self.db, (self.range, self.inc), PURGED_DATA, &true, true)

@@ -159,17 +159,25 @@ impl Ranges {
         let deadline = Instant::now() + DECIDE_TIMEOUT;
         let mut last_error = String::from("no leaseholder known");
         loop {
-            let local = self.group(anchor);
+            // A dropped anchor's decisions are answered for by the node that applied its seal.
+            let sealed_by = self.sealed_by(anchor);
+            if sealed_by == Some(self.me) {
+                return self.sealed_decision(gid).map(Some);
+            }
+            let local = self.group(anchor).filter(|_| sealed_by.is_none());
             if let Some(g) = local.as_ref().filter(|g| g.leading().is_some()) {
                 match self.decide_here(g, gid, propose).await {
                     Ok(d) => return Ok(d),
                     Err(e) => last_error = e,
                 }
             } else {
-                let leader = local
-                    .as_ref()
-                    .and_then(|g| g.raft.metrics().borrow().current_leader)
-                    .filter(|&l| l != self.me)
+                let leader = sealed_by
+                    .or_else(|| {
+                        local
+                            .as_ref()
+                            .and_then(|g| g.raft.metrics().borrow().current_leader)
+                            .filter(|&l| l != self.me)
+                    })
                     .or_else(|| self.meta.read(|s| s.lease(anchor).map(|l| l.holder)))
                     .filter(|&l| l != self.me);
                 let addr = leader.and_then(|l| {
@@ -214,6 +222,64 @@ impl Ranges {
         self.meta.read(|s| s.range(range_id).is_some())
     }
 
+    /// The node that answers for the decisions of range `range_id`, if the range was dropped
+    /// after its seal.
+    pub(super) fn sealed_by(&self, range_id: u64) -> Option<u64> {
+        self.meta.read(|s| {
+            s.range(range_id)
+                .is_none()
+                .then(|| s.dropped_range(range_id).and_then(|d| d.sealed_by))
+                .flatten()
+        })
+    }
+
+    /// The decision of `gid` as the node that applied its dropped anchor's seal knows it:
+    /// every decision the anchor recorded is here (applied before the seal, in log order,
+    /// and synced with it), and none can be recorded there any more, so a transaction
+    /// without one is decided abort, here, for good.
+    fn sealed_decision(&self, gid: &str) -> Result<bool, String> {
+        store::learn_decision(&self.db, gid, false)
+            .map_err(|e| format!("recording a decision: {e}"))
+    }
+
+    /// Seals range `range_id` before the meta group drops it (the meta leader asks its
+    /// leaseholder): a `Seal` entry, applied here before the answer, so this node holds
+    /// every decision the range recorded.
+    pub async fn serve_seal(&self, range_id: u64) -> PeerResponse {
+        let Some(g) = self.group(range_id).filter(|g| g.leading().is_some()) else {
+            return PeerResponse::NotLeader {
+                leader_id: self
+                    .group(range_id)
+                    .and_then(|g| g.raft.metrics().borrow().current_leader),
+                leader_addr: None,
+            };
+        };
+        if !matches!(store::sealed(&self.db, range_id), Ok(true)) {
+            let entry = TxnWrite {
+                txn_id: format!("seal:{range_id}"),
+                origin: 0,
+                schema_version: 0,
+                changes: "[]".into(),
+                at_ms: crate::node::now_ms(),
+                kind: TxnKind::Seal,
+                chunk: None,
+            };
+            if let Err(
+                WriteError::Retryable(m)
+                | WriteError::Ambiguous(m)
+                | WriteError::Unsupported { message: m, .. },
+            ) = super::propose(&g, entry).await
+            {
+                return PeerResponse::Error {
+                    message: format!("sealing range {range_id}: {m}"),
+                    retryable: true,
+                };
+            }
+        }
+        tracing::info!(range_id, "sealed a range before its drop");
+        PeerResponse::Sealed { node_id: self.me }
+    }
+
     /// [`Self::decide`] on the anchor's leader.
     async fn decide_here(
         &self,
@@ -250,6 +316,15 @@ impl Ranges {
         gid: String,
         propose: Option<bool>,
     ) -> PeerResponse {
+        if self.sealed_by(anchor) == Some(self.me) {
+            return match self.sealed_decision(&gid) {
+                Ok(d) => PeerResponse::TxnDecision { decision: Some(d) },
+                Err(message) => PeerResponse::Error {
+                    message,
+                    retryable: true,
+                },
+            };
+        }
         match self.group(anchor) {
             Some(g) if g.leading().is_some() => match self.decide_here(&g, &gid, propose).await {
                 Ok(decision) => PeerResponse::TxnDecision { decision },
@@ -385,7 +460,11 @@ impl Ranges {
         local: Option<&LocalWrite>,
         participants: &[Participant],
     ) -> Option<u64> {
-        let led_here = |r: &u64| self.group(*r).is_some_and(|g| g.leading().is_some());
+        // A sealed range (about to be dropped) records only aborts: never an anchor.
+        let led_here = |r: &u64| {
+            self.group(*r).is_some_and(|g| g.leading().is_some())
+                && !matches!(store::sealed(&self.db, *r), Ok(true))
+        };
         if let Some(w) = local {
             let written = w
                 .writes

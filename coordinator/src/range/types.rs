@@ -68,6 +68,11 @@ pub enum TxnKind {
     Batch {
         also: Vec<TxnWrite>,
     },
+    /// No rows: the range's last entry before it is dropped (its table or partition gone).
+    /// A `Decide` after it records abort for a transaction not decided before it, so the
+    /// replica that applied it holds every decision the range will ever record and answers
+    /// for them once the range is gone (the meta group names it).
+    Seal,
 }
 
 openraft::declare_raft_types!(

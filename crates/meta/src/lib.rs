@@ -26,6 +26,6 @@ mod state;
 pub use liveness::{NodeStatus, DEAD_AFTER_MS, SUSPECT_AFTER_MS};
 pub use model::*;
 pub use state::{
-    ClientId, Command, Event, Fenced, MetaError, MetaState, Outcome, Proposal, SchemaChange,
-    SchemaLog, EVENT_LOG_LEN,
+    ClientId, Command, DroppedRange, Event, Fenced, MetaError, MetaState, Outcome, Proposal,
+    SchemaChange, SchemaLog, DROPPED_RANGE_KEEP_MS, EVENT_LOG_LEN,
 };

@@ -16,7 +16,8 @@ use serde::Deserialize;
 /// * 6: adds the key tables created from a table's rows, with that table.
 /// * 7: adds the sequences' counters.
 /// * 8: adds the databases' `CONFIGURE ZONE` overrides.
-pub const FORMAT: u32 = 8;
+/// * 9: adds the ranges dropped lately, with the node that answers for their decisions.
+pub const FORMAT: u32 = 9;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -39,13 +40,13 @@ pub fn decode(bytes: &[u8]) -> Result<MetaState, SnapshotError> {
     }
     let env: Envelope = serde_json::from_slice(bytes)?;
     match env.format {
-        // Formats 2 to 8 only added fields; an older format reads as a format 8 state with
+        // Formats 2 to 9 only added fields; an older format reads as a format 9 state with
         // no settings, an empty event log, no schema logs, no table sets, no dropped
-        // databases, no key-table links, no sequence counters and no zone overrides (their
-        // `#[serde(default)]`). A
+        // databases, no key-table links, no sequence counters, no zone overrides and no
+        // dropped ranges (their `#[serde(default)]`). A
         // format that changes a field's shape adds an arm here that reads the old shape and
         // converts it.
-        1..=8 => Ok(serde_json::from_value(env.state)?),
+        1..=9 => Ok(serde_json::from_value(env.state)?),
         n => Err(SnapshotError::TooNew(n)),
     }
 }

@@ -66,9 +66,17 @@ pub enum Command {
         range_id: RangeId,
         node_id: NodeId,
     },
-    /// Removes a range whose table or partition is gone, with its lease.
+    /// Removes a range whose table or partition is gone, with its lease. `sealed_by` names
+    /// the node whose replica applied the range's final (seal) entry: it holds every
+    /// two-phase commit decision the range ever recorded, and answers for them after the
+    /// range is gone (docs/ARCHITECTURE.md §8.5); `None` for a range that could not be
+    /// sealed (no leaseholder). Kept as a [`DroppedRange`] for [`DROPPED_RANGE_KEEP_MS`].
     DropRange {
         range_id: RangeId,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sealed_by: Option<NodeId>,
+        #[serde(default)]
+        at_ms: u64,
     },
     /// Creates (`expected_generation: None`) or replaces a range descriptor, compare-and-set
     /// on its generation so that two concurrent replica changes cannot both win.
@@ -416,6 +424,22 @@ pub struct MetaState {
     /// catalog takes them along. Added in snapshot format 8; empty when read from older ones.
     #[serde(default)]
     zones: BTreeMap<String, ZoneOverrides>,
+    /// Ranges dropped in the last [`DROPPED_RANGE_KEEP_MS`], with the node that holds their
+    /// decisions. Added in snapshot format 9; empty when read from older formats.
+    #[serde(default)]
+    dropped_ranges: BTreeMap<RangeId, DroppedRange>,
+}
+
+/// How long a dropped range's record is kept: far longer than any part of a two-phase
+/// commit waits for its decision (seconds; a node down for a day asks its own ranges).
+pub const DROPPED_RANGE_KEEP_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// A range no longer in the descriptors ([`Command::DropRange`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DroppedRange {
+    /// The node whose replica applied its seal entry, if it was sealed.
+    pub sealed_by: Option<NodeId>,
+    pub at_ms: u64,
 }
 
 impl MetaState {
@@ -465,6 +489,10 @@ impl MetaState {
     }
     pub fn lease(&self, id: RangeId) -> Option<&Lease> {
         self.leases.get(&id)
+    }
+    /// A range dropped lately: who answers for its two-phase commit decisions.
+    pub fn dropped_range(&self, id: RangeId) -> Option<&DroppedRange> {
+        self.dropped_ranges.get(&id)
     }
     /// Every range, by id.
     pub fn ranges(&self) -> impl Iterator<Item = &RangeDescriptor> {
@@ -701,11 +729,24 @@ impl MetaState {
                     }
                 }
             }
-            Command::DropRange { range_id } => {
+            Command::DropRange {
+                range_id,
+                sealed_by,
+                at_ms,
+            } => {
                 self.ranges.remove(range_id).ok_or(MetaError::NoSuchRange {
                     range_id: *range_id,
                 })?;
                 self.leases.remove(range_id);
+                self.dropped_ranges
+                    .retain(|_, d| d.at_ms.saturating_add(DROPPED_RANGE_KEEP_MS) > *at_ms);
+                self.dropped_ranges.insert(
+                    *range_id,
+                    DroppedRange {
+                        sealed_by: *sealed_by,
+                        at_ms: *at_ms,
+                    },
+                );
                 Ok(Outcome::Done)
             }
             Command::PutRange {

@@ -371,8 +371,8 @@ fn format_1_snapshots_stay_readable_and_newer_ones_are_refused() {
         "round trip"
     );
     assert_eq!(s.events().count(), 0, "format 1 had no event log");
-    let err = snapshot::decode(br#"{"format": 9, "state": {}}"#).unwrap_err();
-    assert!(err.to_string().contains("format 9 is newer"), "{err}");
+    let err = snapshot::decode(br#"{"format": 10, "state": {}}"#).unwrap_err();
+    assert!(err.to_string().contains("format 10 is newer"), "{err}");
     assert!(snapshot::decode(b"{").is_err());
 }
 
@@ -705,7 +705,7 @@ fn schema_logs_round_trip_through_snapshots() {
     let bytes = snapshot::encode(&s);
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["format"], snapshot::FORMAT);
-    assert_eq!(snapshot::FORMAT, 8);
+    assert_eq!(snapshot::FORMAT, 9);
     let back = snapshot::decode(&bytes).unwrap();
     assert_eq!(back, s);
     assert_eq!(back.schema("movr").unwrap().applied_by(3), 2);
@@ -919,14 +919,24 @@ fn ranges_are_created_once_per_table_partition_and_dropped_with_their_lease() {
         expected_sequence: None,
     };
     assert!(matches!(propose(&mut s, 4, lease), Outcome::Lease { .. }));
-    assert_eq!(
-        propose(&mut s, 5, Command::DropRange { range_id: 1 }),
-        Outcome::Done
-    );
+    let drop = |range_id, sealed_by, at_ms| Command::DropRange {
+        range_id,
+        sealed_by,
+        at_ms,
+    };
+    assert_eq!(propose(&mut s, 5, drop(1, Some(1), T0)), Outcome::Done);
     assert_eq!(s.range(1), None);
     assert_eq!(s.lease(1), None);
     assert_eq!(s.ranges().count(), 1);
-    let out = propose(&mut s, 6, Command::DropRange { range_id: 1 });
+    assert_eq!(
+        s.dropped_range(1),
+        Some(&mr_meta::DroppedRange {
+            sealed_by: Some(1),
+            at_ms: T0
+        }),
+        "the dropped range names who answers for its decisions"
+    );
+    let out = propose(&mut s, 6, drop(1, None, T0));
     assert_eq!(
         out,
         Outcome::Rejected {
@@ -937,6 +947,11 @@ fn ranges_are_created_once_per_table_partition_and_dropped_with_their_lease() {
         panic!()
     };
     assert_eq!(third.range_id, 3, "ids are never reused");
+    // A week later, dropping another range forgets the first.
+    let later = T0 + mr_meta::DROPPED_RANGE_KEEP_MS;
+    assert_eq!(propose(&mut s, 8, drop(3, None, later)), Outcome::Done);
+    assert_eq!(s.dropped_range(1), None, "kept a week, not forever");
+    assert_eq!(s.dropped_range(3).map(|d| d.sealed_by), Some(None));
 }
 
 /// A schema change that names the database's tables replaces its table set; one that does

@@ -126,6 +126,11 @@ pub enum PeerRequest {
     /// decides abort for a transaction whose decision is late, so that a slow coordinator
     /// (a large transaction on a loaded machine) is waited for, and only a gone one is not.
     TxnCoordinating { gid: String },
+    /// Closes range `range_id`'s log before the range is dropped (asked of its leaseholder
+    /// by the meta leader): a final `Seal` entry, after which no two-phase commit can be
+    /// decided in the range; answered with [`PeerResponse::Sealed`] once this node has applied
+    /// it (and so holds every decision the range recorded, durably) or `NotLeader`.
+    SealRange { range_id: u64 },
     /// Commits (or rolls back) this node's prepared transaction `name` in `database`, after
     /// the decision: [`PeerResponse::Exec`] with `Done`, or an error.
     FinishPrepared {
@@ -221,6 +226,10 @@ pub enum PeerResponse {
     /// A two-phase commit's decision (`None`: not decided yet).
     TxnDecision {
         decision: Option<bool>,
+    },
+    /// The range is sealed, and this node applied the seal.
+    Sealed {
+        node_id: u64,
     },
     Error {
         message: String,
