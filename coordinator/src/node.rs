@@ -613,6 +613,14 @@ impl Node {
         self.ranges.get().map(|r| r.progress()).unwrap_or_default()
     }
 
+    /// Forwarded steps this node's backends sent, by kind (`/metrics`).
+    pub fn forwarded_steps(&self) -> Vec<(&'static str, u64)> {
+        self.ranges
+            .get()
+            .map(|r| r.forwarded_steps().to_vec())
+            .unwrap_or_default()
+    }
+
     /// The meta group's Raft metrics on this node.
     pub fn meta_metrics(&self) -> Option<openraft::RaftMetrics<u64, crate::meta::MetaNode>> {
         self.meta.get().map(|m| m.metrics())

@@ -10,32 +10,9 @@ use common::*;
 use sqlx::ConnectOptions;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAN: &str =
     "intra 2\nus-east1 us-west1 63\nus-east1 europe-west1 87\nus-west1 europe-west1 132\n";
-
-/// `GET path` from the console of the node whose PostgreSQL is on `pg_port`: (status, body).
-async fn get(pg_port: u16, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port(pg_port)))
-        .await
-        .unwrap();
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
-}
 
 /// The round trip a matrix cell shows, from `<td … data-from="a" data-to="b" …>ms</td>`.
 fn cell(html: &str, from: u64, to: u64) -> Option<f64> {
@@ -63,7 +40,7 @@ async fn every_node_serves_the_console_and_metrics_of_the_cluster() {
     .await;
     for n in &nodes {
         eventually("healthy", Duration::from_secs(30), || async {
-            (get(n.pg_port, "/health").await.0 == 200).then_some(())
+            (http_get(n.pg_port, "/health").await.0 == 200).then_some(())
         })
         .await;
     }
@@ -89,7 +66,7 @@ async fn every_node_serves_the_console_and_metrics_of_the_cluster() {
     let expected = [((1, 2), 63.0), ((1, 3), 87.0), ((2, 3), 132.0)];
     for n in &nodes {
         let html = eventually("every pair measured", Duration::from_secs(30), || async {
-            let (status, html) = get(n.pg_port, "/network").await;
+            let (status, html) = http_get(n.pg_port, "/network").await;
             (status == 200 && !html.contains(">?<")).then_some(html)
         })
         .await;
@@ -103,7 +80,7 @@ async fn every_node_serves_the_console_and_metrics_of_the_cluster() {
             }
         }
     }
-    let (status, sql) = get(nodes[2].pg_port, "/sql").await;
+    let (status, sql) = http_get(nodes[2].pg_port, "/sql").await;
     assert_eq!(status, 200);
     assert!(sql.contains("<svg id=\"sql-chart\""), "{sql}");
     for region in ["us-east1", "us-west1"] {
@@ -117,7 +94,7 @@ async fn every_node_serves_the_console_and_metrics_of_the_cluster() {
             .unwrap();
         assert!(count >= 5, "{region}: {count} statements");
     }
-    let (status, overview) = get(nodes[1].pg_port, "/").await;
+    let (status, overview) = http_get(nodes[1].pg_port, "/").await;
     assert_eq!(status, 200);
     assert_eq!(overview.matches("class=\"live\"").count(), 3, "{overview}");
     let mut c = nodes[0].sql().await;
@@ -129,14 +106,14 @@ async fn every_node_serves_the_console_and_metrics_of_the_cluster() {
         "the table's range on the page",
         Duration::from_secs(30),
         || async {
-            let (status, ranges) = get(nodes[1].pg_port, "/ranges").await;
+            let (status, ranges) = http_get(nodes[1].pg_port, "/ranges").await;
             (status == 200 && ranges.contains("<td>postgres.public.kv</td>")).then_some(())
         },
     )
     .await;
 
     // /metrics, through a real Prometheus text parser.
-    let (status, text) = get(nodes[0].pg_port, "/metrics").await;
+    let (status, text) = http_get(nodes[0].pg_port, "/metrics").await;
     assert_eq!(status, 200);
     let lines = text.lines().map(|l| Ok(l.to_string()));
     let scrape = prometheus_parse::Scrape::parse(lines).expect("the exposition parses");

@@ -3352,7 +3352,9 @@ async fn count_in(node: &Node, sql: &str) -> Option<i64> {
 /// table and pgbench runs through the us-west1 and europe-west1 nodes, 63 and 87 ms away.
 /// Before, the TRUNCATE right after the CREATE held the new ranges' first snapshots up until
 /// its commit gave up waiting for their voters, and a COPY or TRUNCATE through a node that
-/// did not lease the table was refused.
+/// did not lease the table was refused. By the extended protocol, a statement alone in its
+/// transaction commits at the leaseholder with the statement (one round trip, counted on
+/// `/metrics`), and a pipeline of two stays one transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pgbench_initializes_and_runs_through_nodes_that_lease_none_of_its_tables() {
     let dir = scratch("data-pgbench");
@@ -3422,6 +3424,53 @@ async fn pgbench_initializes_and_runs_through_nodes_that_lease_none_of_its_table
     // The first run truncates the history table first (through us-west1), the second not.
     run(&nodes[1], &["-t", "10", "-c", "2"]);
     run(&nodes[2], &["-n", "-t", "10", "-c", "2"]);
+    // By the extended protocol (libpq sends Bind, Execute and Sync together): a statement
+    // alone in its implicit transaction commits at the leaseholder in the message that runs
+    // it, one round trip as by the simple protocol; two pipelined before one Sync stay one
+    // transaction, committed at Sync.
+    let steps = || async {
+        let mut n = [0.0; 3];
+        for (i, kind) in ["statement_and_commit", "statement", "commit"]
+            .iter()
+            .enumerate()
+        {
+            let name = format!("pgmr_forwarded_steps_total{{kind=\"{kind}\"}}");
+            n[i] = metric(nodes[1].pg_port, &name).await;
+        }
+        n
+    };
+    let script = |name: &str, body: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        path.display().to_string()
+    };
+    let touch = "UPDATE pgbench_accounts SET abalance = abalance + 0 WHERE aid = 1;\n";
+    let alone = script("alone.sql", touch);
+    let piped = script(
+        "piped.sql",
+        &format!("\\startpipeline\n{touch}{touch}\\endpipeline\n"),
+    );
+    let before = steps().await;
+    run(
+        &nodes[1],
+        &["-n", "-M", "extended", "-t", "5", "-f", &alone],
+    );
+    let after = steps().await;
+    assert_eq!(
+        [0, 1, 2].map(|i| after[i] - before[i]),
+        [5.0, 0.0, 0.0],
+        "alone: one step each"
+    );
+    run(
+        &nodes[1],
+        &["-n", "-M", "extended", "-t", "2", "-f", &piped],
+    );
+    let piped_steps = steps().await;
+    assert_eq!(
+        [0, 1, 2].map(|i| piped_steps[i] - after[i]),
+        [0.0, 4.0, 2.0],
+        "pipelined: two statements and a commit each"
+    );
     // Every transfer is on every node, in every table, once.
     for (i, n) in nodes.iter().enumerate() {
         let sums = eventually(

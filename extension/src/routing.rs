@@ -1211,7 +1211,15 @@ unsafe fn forward_statement(
     let autocommit = unsafe {
         !pg_sys::IsTransactionBlock()
             && depth == 0
-            && (*qd.dest).mydest == pg_sys::CommandDest::DestRemote
+            && match (*qd.dest).mydest {
+                pg_sys::CommandDest::DestRemote => true,
+                // An extended-protocol Execute: a SELECT's rows go to the client, a DML's
+                // nowhere (PortalRunMulti), RETURNING's to the portal's store first.
+                pg_sys::CommandDest::DestRemoteExecute
+                | pg_sys::CommandDest::DestNone
+                | pg_sys::CommandDest::DestTuplestore => portal_is(qd) && sync_is_next(),
+                _ => false,
+            }
     };
     // A split statement's share, or one that may leave rows for other leaseholders, is never
     // the whole transaction.
@@ -1225,6 +1233,61 @@ unsafe fn forward_statement(
         // SAFETY: as this function's contract.
         && !unsafe { crate::global_keys::may_change_keys(qd) };
     send(node, statement, autocommit && whole)
+}
+
+/// Whether `qd` runs the one statement of the portal being run (not one of several that a
+/// rule made of it, which must commit together; not a statement run inside another).
+///
+/// # Safety
+/// `qd` is a started QueryDesc.
+#[allow(unsafe_code)]
+unsafe fn portal_is(qd: &pg_sys::QueryDesc) -> bool {
+    // SAFETY: `ActivePortal` is this backend's, valid while it runs (or NULL); its statement
+    // list is a List of PlannedStmt.
+    unsafe {
+        let portal = pg_sys::ActivePortal;
+        if portal.is_null() || (*portal).stmts.is_null() || (*(*portal).stmts).length != 1 {
+            return false;
+        }
+        let only = pg_sys::list_nth((*portal).stmts, 0).cast::<pg_sys::PlannedStmt>();
+        std::ptr::eq(only, qd.plannedstmt)
+    }
+}
+
+/// Whether the client's next protocol message, already received, is Sync: then the statement
+/// of this Execute is the whole of its implicit transaction (the extended protocol commits
+/// at Sync), so it can commit where it is forwarded in the same message instead of a second
+/// round trip at Sync. Drivers send Bind, Execute and Sync together, so the Sync is normally
+/// in the receive buffer already; when it is not (a slower client, TLS buffering), the answer
+/// is no, which only costs that round trip. Never blocks: peeks only at buffered bytes.
+fn sync_is_next() -> bool {
+    // libpq/libpq.h, which pgrx's bindings leave out: exported by the postgres binary. Not
+    // guarded: called only where they cannot raise an error (checked below).
+    #[allow(unsafe_code)]
+    unsafe extern "C" {
+        fn pq_is_reading_msg() -> bool;
+        fn pq_buffer_has_data() -> bool;
+        fn pq_startmsgread();
+        fn pq_peekbyte() -> std::ffi::c_int;
+        fn pq_endmsgread();
+    }
+    // SAFETY: pqcomm's receive buffer belongs to this backend, which is between messages
+    // (executing an Execute, so not reading one: checked). `pq_peekbyte` reads the buffered
+    // next byte without consuming it, and does not block because `pq_buffer_has_data` says
+    // a byte is there; the start/end pair is how PostgreSQL itself marks a message read, so
+    // its assertions hold, and nothing is consumed.
+    #[allow(unsafe_code)]
+    unsafe {
+        let output = pg_sys::whereToSendOutput;
+        if output != pg_sys::CommandDest::DestRemote || pq_is_reading_msg() || !pq_buffer_has_data()
+        {
+            return false;
+        }
+        pq_startmsgread();
+        let next = pq_peekbyte();
+        pq_endmsgread();
+        next == i32::from(b'S')
+    }
 }
 
 /// The statement as it is sent to another node, over `partitions` of its target (all of

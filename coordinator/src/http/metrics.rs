@@ -4,6 +4,7 @@ use crate::node::Node;
 use mr_wire::local::{LocalRequest, LocalResponse};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -18,6 +19,11 @@ struct Peer {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Group {
     group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Step {
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,6 +103,16 @@ pub async fn render(node: &Node) -> String {
                 )
             })
             .collect(),
+    );
+    let steps = Family::<Step, Counter>::default();
+    for (kind, n) in node.forwarded_steps() {
+        steps.get_or_create(&Step { kind: kind.into() }).inc_by(n);
+    }
+    r.register(
+        "forwarded_steps",
+        "Steps of transactions sent by this node's backends to other nodes' leaseholders, by \
+         kind (a statement that commits in the same message costs one round trip)",
+        steps,
     );
     // Raft: the meta group and every range replica here.
     let mut last = Vec::new();

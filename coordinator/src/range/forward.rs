@@ -19,7 +19,7 @@ use mr_wire::peer::{PeerRequest, PeerResponse};
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 use sqlx::{ConnectOptions, Connection, Row};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,8 @@ pub struct Sessions {
     origin: Mutex<HashMap<String, (u64, i32)>>,
     /// Idle connections by database.
     pool: Mutex<HashMap<String, Vec<PgConnection>>>,
+    /// Steps this node's backends sent elsewhere, by what they carried (`/metrics`).
+    pub sent: SentSteps,
     /// Sessions rolled back here, and when: a step that arrives late (from a node that was
     /// paused) must not begin them again and take locks nobody will release.
     ended: Mutex<HashMap<(u64, String), Instant>>,
@@ -61,9 +63,50 @@ struct Remote {
     failed: AtomicBool,
 }
 
+/// Forwarded steps sent, by kind: a statement that commits in the same message costs its
+/// transaction one round trip, a statement and a later commit two.
+#[derive(Default)]
+pub struct SentSteps {
+    pub statement: AtomicU64,
+    pub statement_and_commit: AtomicU64,
+    pub commit: AtomicU64,
+    pub other: AtomicU64,
+}
+
+impl SentSteps {
+    fn count(&self, req: &ForwardRequest) {
+        let c = match (&req.statement, &req.finish) {
+            (Some(_), None) => &self.statement,
+            (Some(_), Some(Finish::Commit)) => &self.statement_and_commit,
+            (None, Some(Finish::Commit)) => &self.commit,
+            _ => &self.other,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (kind, count) pairs.
+    pub fn read(&self) -> [(&'static str, u64); 4] {
+        [
+            ("statement", self.statement.load(Ordering::Relaxed)),
+            (
+                "statement_and_commit",
+                self.statement_and_commit.load(Ordering::Relaxed),
+            ),
+            ("commit", self.commit.load(Ordering::Relaxed)),
+            ("other", self.other.load(Ordering::Relaxed)),
+        ]
+    }
+}
+
 impl Ranges {
+    /// Forwarded steps sent from here, by kind.
+    pub fn forwarded_steps(&self) -> [(&'static str, u64); 4] {
+        self.sessions.sent.read()
+    }
+
     /// Sends one step of a forwarded transaction to `node_id` (origin side).
     pub async fn forward(&self, node_id: u64, req: ForwardRequest) -> LocalResponse {
+        self.sessions.sent.count(&req);
         let commits = req.finish == Some(Finish::Commit);
         let rollback_only =
             req.finish == Some(Finish::Rollback) && req.statement.is_none() && req.begin.is_none();

@@ -443,3 +443,36 @@ pub async fn enable_replication(node: &Node) {
     })
     .await;
 }
+
+/// `GET path` from the console of the node whose PostgreSQL is on `pg_port`: (status, body).
+pub async fn http_get(pg_port: u16, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", http_port(pg_port)))
+        .await
+        .unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut s,
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut s, &mut raw)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+/// A counter of the node's `/metrics` with these labels (`name{labels}`), 0 when absent.
+pub async fn metric(pg_port: u16, name_and_labels: &str) -> f64 {
+    let (_, text) = http_get(pg_port, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
