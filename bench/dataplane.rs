@@ -584,35 +584,18 @@ async fn bulk_seconds(c: &mut PgConnection, table: &str) -> Vec<f64> {
 /// statement as Parse, Bind, Describe, Execute and Sync together, as most drivers do (sqlx,
 /// [`latencies`], closes the portal before Sync).
 fn latencies_pgbench(node: &Node, dir: &std::path::Path, mode: &str, sql: &str) -> Vec<f64> {
-    let bindir = std::process::Command::new(
-        std::env::var("PG_CONFIG").unwrap_or("/usr/lib/postgresql/15/bin/pg_config".into()),
-    )
-    .arg("--bindir")
-    .output()
-    .expect("pg_config runs");
     let script = dir.join("pgbench-latency.sql");
     std::fs::write(&script, format!("\\set k random(1, 1000)\n{sql};\n")).unwrap();
     let prefix = dir.join("pgbench-latency");
-    let out = std::process::Command::new(format!(
-        "{}/pgbench",
-        String::from_utf8_lossy(&bindir.stdout).trim()
-    ))
-    .current_dir(dir)
-    .args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &node.pg_port.to_string(),
-        "-U",
-        "postgres",
-    ])
-    .args(["-n", "-M", mode, "-t", &OPS.to_string(), "-l"])
-    .arg(format!("--log-prefix={}", prefix.display()))
-    .arg("-f")
-    .arg(&script)
-    .arg("bench")
-    .output()
-    .expect("pgbench runs");
+    let out = pgbench(node.pg_port)
+        .current_dir(dir)
+        .args(["-n", "-M", mode, "-t", &OPS.to_string(), "-l"])
+        .arg(format!("--log-prefix={}", prefix.display()))
+        .arg("-f")
+        .arg(&script)
+        .arg("bench")
+        .output()
+        .expect("pgbench runs");
     assert!(
         out.status.success(),
         "pgbench: {}",

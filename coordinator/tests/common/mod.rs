@@ -476,3 +476,27 @@ pub async fn metric(pg_port: u16, name_and_labels: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// PostgreSQL's own pgbench (from `pg_config --bindir`, `PG_CONFIG` if set), connecting as
+/// `postgres` to the node whose PostgreSQL is on `pg_port`; the caller adds the rest.
+pub fn pgbench(pg_port: u16) -> Command {
+    let bindir = Command::new(
+        std::env::var("PG_CONFIG").unwrap_or("/usr/lib/postgresql/15/bin/pg_config".into()),
+    )
+    .arg("--bindir")
+    .output()
+    .expect("pg_config runs");
+    let mut c = Command::new(format!(
+        "{}/pgbench",
+        String::from_utf8_lossy(&bindir.stdout).trim()
+    ));
+    c.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &pg_port.to_string(),
+        "-U",
+        "postgres",
+    ]);
+    c
+}
