@@ -1298,9 +1298,9 @@ const REGIONS: [&str; 3] = ["us-east1", "us-west1", "europe-west1"];
 /// through the first node.
 async fn regional_accounts(nodes: &[Node]) -> PgConnection {
     let mut m = three_region_db(nodes).await;
-    exec(
+    execute_all(
         &mut m,
-        "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text NOT NULL DEFAULT '') LOCALITY REGIONAL BY ROW",
+        &["CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL, note text NOT NULL DEFAULT '') LOCALITY REGIONAL BY ROW"],
     )
     .await;
     m
