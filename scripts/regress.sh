@@ -225,7 +225,7 @@ cluster_phase() {
         --outputdir="$out/isolation" \
         --use-existing --host=127.0.0.1 --port="$pg_port" --user=postgres \
         --dbname=regress_iso \
-        global_unique; then
+        global_unique rename_key_lock_order; then
         keep_failure cluster-isolation "$out/isolation"
     fi
     stop_demo "$out" cluster "$failed_before"

@@ -70,7 +70,7 @@ pub unsafe fn may_replan(qd: &pg_sys::QueryDesc) -> bool {
 #[allow(unsafe_code)]
 pub unsafe fn replan(qd: &mut pg_sys::QueryDesc) {
     // Never asked again for this plan, whether or not a new one replaces it (a statement
-    // whose text is not its query's alone — EXPLAIN ANALYZE, CREATE TABLE AS, COPY (…) TO —
+    // whose text is not its query's alone — EXPLAIN ANALYZE, CREATE MATERIALIZED VIEW —
     // keeps it, and is refused as before).
     REPLANNED.with(|r| r.set(qd.plannedstmt as usize));
     // SAFETY: as this function's contract.

@@ -1802,7 +1802,8 @@ pub unsafe fn statement_text(
 }
 
 /// The statement's own text: one statement of a multi-statement string; for EXECUTE of a
-/// prepared statement, the PREPARE's inner statement; for a cursor, the DECLARE's query.
+/// prepared statement, the PREPARE's inner statement; for a cursor, the DECLARE's query; for
+/// CREATE TABLE AS, SELECT INTO and `COPY (…) TO`, their query ([`mr_sql::query_of`]).
 ///
 /// # Safety
 /// `qd` is a started (or starting) QueryDesc.
@@ -1826,14 +1827,15 @@ pub unsafe fn statement_sql(qd: &pg_sys::QueryDesc) -> String {
             Ok(n) => (start + n).min(text.len()),
         };
         let sql = text.get(start..end).unwrap_or(text);
-        mr_sql::prepared_statement(sql).unwrap_or(sql).to_string()
+        mr_sql::query_of(sql).map_or_else(|| sql.to_string(), |q| q.into_owned())
     }
 }
 
 /// The raw parse tree of `sql` if it is a statement another node runs as a forwarded one:
-/// exactly one SELECT, INSERT, UPDATE, DELETE or TRUNCATE; null otherwise. CREATE TABLE AS,
-/// SELECT INTO, `COPY (…) TO` and EXPLAIN ANALYZE plan to a query too, but their text is not
-/// it.
+/// exactly one SELECT (without INTO), INSERT, UPDATE, DELETE or TRUNCATE; null otherwise.
+/// EXPLAIN ANALYZE and CREATE MATERIALIZED VIEW plan to a query too, but their text is not
+/// it (CREATE TABLE AS, SELECT INTO and `COPY (…) TO` are given by their query's, see
+/// [`statement_sql`]).
 ///
 /// # Safety
 /// Called in a transaction (the tree is palloc'd in the current memory context).
@@ -1848,7 +1850,12 @@ pub unsafe fn sendable_stmt(sql: &CStr) -> *mut pg_sys::Node {
             return std::ptr::null_mut();
         }
         let stmt = (*(pg_sys::list_nth(parsed, 0) as *mut pg_sys::RawStmt)).stmt;
+        // A SELECT … INTO creates a table: the node running it would create it again.
+        let into = !stmt.is_null()
+            && (*stmt).type_ == T_SelectStmt
+            && !(*(stmt as *mut pg_sys::SelectStmt)).intoClause.is_null();
         if !stmt.is_null()
+            && !into
             && matches!(
                 (*stmt).type_,
                 T_SelectStmt | T_InsertStmt | T_UpdateStmt | T_DeleteStmt | T_TruncateStmt
@@ -1875,9 +1882,9 @@ unsafe fn refuse_unsendable(qd: &pg_sys::QueryDesc, node: u64) {
     if unsafe { sendable_stmt(&sql) }.is_null() {
         MrError::WriteNotServed {
             message: format!(
-                "this statement reads rows it must read on node {node}, and only a SELECT, INSERT, UPDATE, DELETE or TRUNCATE can be sent there (not CREATE TABLE AS, SELECT INTO, COPY (query) TO or EXPLAIN ANALYZE)"
+                "this statement reads rows it must read on node {node}, and only a SELECT, INSERT, UPDATE, DELETE, TRUNCATE or the query of a CREATE TABLE AS, SELECT INTO or COPY (query) TO can be sent there (not EXPLAIN ANALYZE, nor a materialized view's query)"
             ),
-            hint: "Create the table first and fill it with INSERT ... SELECT, run the query on its own, or run the statement on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges for every table it reads.".into(),
+            hint: "Run the query on its own, or run the statement on a node listed in voting_replicas or non_voting_replicas of multiregion.ranges for every table it reads.".into(),
         }
         .raise();
     }

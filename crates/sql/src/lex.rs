@@ -4,6 +4,7 @@
 //! and rewrites can splice the original text.
 
 use crate::SyntaxError;
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tok {
@@ -279,6 +280,140 @@ pub fn prepared_statement(sql: &str) -> Option<&str> {
     Some(&sql[body.start..])
 }
 
+/// The query a statement runs whose text is more than that query, as text: a PREPARE's or a
+/// cursor's ([`prepared_statement`]), `COPY (query) TO …`'s, `CREATE [TEMP | UNLOGGED]
+/// TABLE … AS query [WITH [NO] DATA]`'s, and `SELECT … INTO [TEMP] [TABLE] name …`'s
+/// without its INTO clause; `None` for any other statement. PostgreSQL plans
+/// these queries with the whole statement as their source text, and a query sent to another
+/// node to run there must be the inner one.
+pub fn query_of(sql: &str) -> Option<Cow<'_, str>> {
+    if let Some(q) = prepared_statement(sql) {
+        return Some(Cow::Borrowed(q));
+    }
+    let toks = lex(sql).ok()?;
+    let mut toks = toks.as_slice();
+    while let [rest @ .., last] = toks {
+        if matches!(last.tok, Tok::Punct(';')) {
+            toks = rest;
+        } else {
+            break;
+        }
+    }
+    let is_query = |t: &Token| {
+        matches!(t.word(), Some("select" | "with" | "values" | "table"))
+            || matches!(t.tok, Tok::Punct('('))
+    };
+    match toks.first()?.word()? {
+        "copy" => {
+            // COPY ( query ) TO …: the query is what the parentheses hold.
+            if !matches!(toks.get(1)?.tok, Tok::Punct('(')) {
+                return None;
+            }
+            let close = 1 + matching_paren(&toks[1..])?;
+            if close < 3 || toks.get(close + 1)?.word() != Some("to") || !is_query(&toks[2]) {
+                return None;
+            }
+            Some(Cow::Borrowed(&sql[toks[2].start..toks[close - 1].end]))
+        }
+        "create" => {
+            // CREATE [GLOBAL | LOCAL] [TEMP | TEMPORARY | UNLOGGED] TABLE …: not a view or a
+            // materialized view (those keep their query).
+            let mut i = 1;
+            while matches!(
+                toks.get(i)?.word(),
+                Some("global" | "local" | "temp" | "temporary" | "unlogged")
+            ) {
+                i += 1;
+            }
+            if toks.get(i)?.word() != Some("table") {
+                return None;
+            }
+            // The first AS outside parentheses (a column list, WITH (…) options) starts the
+            // query; a name cannot be an unquoted AS.
+            let mut depth = 0usize;
+            let as_at = loop {
+                i += 1;
+                match &toks.get(i)?.tok {
+                    Tok::Punct('(') => depth += 1,
+                    Tok::Punct(')') => depth = depth.checked_sub(1)?,
+                    Tok::Word(w) if depth == 0 && w == "as" => break i,
+                    _ => {}
+                }
+            };
+            let mut body = toks.get(as_at + 1..)?;
+            if !is_query(body.first()?) {
+                // AS EXECUTE runs a prepared statement, which is no query text.
+                return None;
+            }
+            let words: Vec<Option<&str>> = body.iter().rev().take(3).map(Token::word).collect();
+            if words.starts_with(&[Some("data"), Some("no"), Some("with")]) {
+                body = &body[..body.len() - 3];
+            } else if words.starts_with(&[Some("data"), Some("with")]) {
+                body = &body[..body.len() - 2];
+            }
+            Some(Cow::Borrowed(&sql[body.first()?.start..body.last()?.end]))
+        }
+        "select" | "with" => {
+            // SELECT … INTO [TEMPORARY | TEMP | UNLOGGED] [TABLE] name …: the INTO clause,
+            // outside parentheses, names the table to create; the rest is the query.
+            let mut depth = 0usize;
+            let into = toks.iter().position(|t| {
+                match &t.tok {
+                    Tok::Punct('(') => depth += 1,
+                    Tok::Punct(')') => depth = depth.saturating_sub(1),
+                    Tok::Word(w) => return depth == 0 && w == "into",
+                    _ => {}
+                }
+                false
+            })?;
+            let mut i = into + 1;
+            while matches!(
+                toks.get(i)?.word(),
+                Some("global" | "local" | "temp" | "temporary" | "unlogged" | "table")
+            ) {
+                i += 1;
+            }
+            // The table's name: one or more identifiers joined by dots.
+            loop {
+                if !matches!(toks.get(i)?.tok, Tok::Word(_) | Tok::Quoted(_)) {
+                    return None;
+                }
+                i += 1;
+                match toks.get(i) {
+                    Some(t) if matches!(t.tok, Tok::Punct('.')) => i += 1,
+                    _ => break,
+                }
+            }
+            let end = toks.get(i).map_or(sql.len(), |t| t.start);
+            let last = toks.last()?.end;
+            Some(Cow::Owned(format!(
+                "{}{}",
+                &sql[toks[0].start..toks[into].start],
+                &sql[end..last.max(end)]
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// The index of the `)` closing the `(` that `toks` starts with.
+fn matching_paren(toks: &[Token]) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, t) in toks.iter().enumerate() {
+        match t.tok {
+            Tok::Punct('(') => depth += 1,
+            Tok::Punct(')') => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// The text of an INSERT's `ON CONFLICT …` clause as written, to carry it to the INSERT that
 /// writes the statement's rows for partitions leased on another node: from byte `start` of
 /// `sql` (the parser's location of its ON) to the statement's end, or, with `returning_at`
@@ -409,5 +544,85 @@ mod prepared_tests {
         assert_eq!(prepared_statement("PREPARE"), None);
         assert_eq!(prepared_statement("PREPARE q(int"), None);
         assert_eq!(prepared_statement("PREPARE TRANSACTION 'x'"), None);
+    }
+}
+
+#[cfg(test)]
+mod query_of_tests {
+    fn query_of(sql: &str) -> Option<String> {
+        super::query_of(sql).map(|q| q.into_owned())
+    }
+
+    #[test]
+    fn a_copy_of_a_query_yields_the_query() {
+        assert_eq!(
+            query_of("COPY (SELECT id, f(x) FROM t WHERE s = ')') TO STDOUT WITH (FORMAT csv);"),
+            Some("SELECT id, f(x) FROM t WHERE s = ')'".into())
+        );
+        assert_eq!(
+            query_of("copy ( (select 1) union all (select 2) ) to stdout"),
+            Some("(select 1) union all (select 2)".into())
+        );
+        assert_eq!(
+            query_of("COPY (WITH w AS (SELECT 1) SELECT * FROM w) TO '/tmp/x'"),
+            Some("WITH w AS (SELECT 1) SELECT * FROM w".into())
+        );
+    }
+
+    #[test]
+    fn a_create_table_as_yields_its_query_without_the_data_clause() {
+        assert_eq!(
+            query_of("CREATE TABLE c AS SELECT id FROM t"),
+            Some("SELECT id FROM t".into())
+        );
+        assert_eq!(
+            query_of(
+                "create unlogged table if not exists s.c (a, b) with (fillfactor = 70) as \n  table t with no data;"
+            ),
+            Some("table t".into())
+        );
+        assert_eq!(
+            query_of("CREATE TEMP TABLE c AS WITH x AS (SELECT 1 AS a) SELECT a FROM x WITH DATA"),
+            Some("WITH x AS (SELECT 1 AS a) SELECT a FROM x".into())
+        );
+        assert_eq!(
+            query_of("CREATE TABLE \"as\" AS VALUES (1, 'as')"),
+            Some("VALUES (1, 'as')".into())
+        );
+    }
+
+    #[test]
+    fn statements_that_are_their_query_or_run_none_yield_nothing() {
+        assert_eq!(query_of("SELECT 1"), None);
+        assert_eq!(query_of("COPY t TO STDOUT"), None);
+        assert_eq!(query_of("COPY t (a, b) FROM STDIN"), None);
+        assert_eq!(query_of("CREATE TABLE c AS EXECUTE q(1)"), None);
+        assert_eq!(query_of("CREATE TABLE c (a int)"), None);
+        assert_eq!(query_of("CREATE MATERIALIZED VIEW v AS SELECT 1"), None);
+        assert_eq!(query_of("CREATE VIEW v AS SELECT 1"), None);
+        assert_eq!(query_of("COPY (SELECT 1"), None);
+    }
+
+    #[test]
+    fn a_select_into_yields_the_select_without_its_into_clause() {
+        assert_eq!(
+            query_of("SELECT id, v INTO TEMP TABLE s.\"T\" FROM t WHERE v IN (SELECT 1);"),
+            Some("SELECT id, v FROM t WHERE v IN (SELECT 1)".into())
+        );
+        assert_eq!(
+            query_of("WITH w AS (SELECT 1 AS a) SELECT a INTO c FROM w"),
+            Some("WITH w AS (SELECT 1 AS a) SELECT a FROM w".into())
+        );
+        assert_eq!(query_of("select 1 into c"), Some("select 1 ".into()));
+        assert_eq!(query_of("SELECT a FROM (SELECT 1 AS a) x"), None);
+        assert_eq!(query_of("SELECT 1 INTO"), None);
+    }
+
+    #[test]
+    fn prepares_and_cursors_still_yield_theirs() {
+        assert_eq!(
+            query_of("DECLARE c CURSOR FOR SELECT 1"),
+            Some("SELECT 1".into())
+        );
     }
 }

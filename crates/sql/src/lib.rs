@@ -20,7 +20,7 @@ mod table;
 mod translate;
 
 pub use ast::*;
-pub use lex::{on_conflict_clause, prepared_statement};
+pub use lex::{on_conflict_clause, prepared_statement, query_of};
 pub use parse::parse;
 pub use star::is_star_reference;
 pub use table::Shard;

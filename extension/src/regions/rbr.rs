@@ -914,6 +914,18 @@ pub(super) fn rename_global_key(relid: Oid, from: &str, to: &str) {
     let key_table = col(&row, 0);
     let cols: Vec<String> = col(&row, 1).split('\u{1}').map(str::to_string).collect();
     let qualified = super::relname(relid);
+    // The table before its partitions, as writers and appliers lock them: DROP TRIGGER on a
+    // partitioned table takes the partitions first, and deadlocked with an applier holding
+    // the table (regress/specs/rename_key_lock_order.spec).
+    // SAFETY: LockRelationOid takes a heavyweight lock by OID in the current transaction (a
+    // utility statement's); it reads no relation and errors through PostgreSQL's usual path.
+    #[allow(unsafe_code)]
+    unsafe {
+        pgrx::pg_sys::LockRelationOid(
+            relid,
+            pgrx::pg_sys::AccessExclusiveLock as pgrx::pg_sys::LOCKMODE,
+        )
+    };
     for trigger in [
         format!("mr_global_key_{from}"),
         format!("mr_global_key_truncate_{from}"),
