@@ -22,8 +22,19 @@ GRANT SELECT, DELETE ON west_rls TO mr_caller;
 INSERT INTO west_rls VALUES (-1), (1), (2);
 CREATE FUNCTION add_owned(int) RETURNS void SECURITY DEFINER LANGUAGE sql
     AS 'INSERT INTO public.west_owned VALUES ($1)';
-SELECT lease_holder_region FROM multiregion.ranges
- WHERE database_name = 'regress_roles' AND table_name = 'west_owned';
+-- Each table's lease moves to the us-west1 node after its locality changed, within seconds:
+-- a transaction begun before its move fails with "the lease ... moved" (retryable).
+DO $$
+BEGIN
+  FOR i IN 1..300 LOOP
+    EXIT WHEN (SELECT count(*) = 3 AND bool_and(lease_holder_region = 'us-west1')
+                 FROM multiregion.ranges WHERE database_name = 'regress_roles'
+                  AND table_name IN ('west_owned', 'west_mine', 'west_rls'));
+    PERFORM pg_catalog.pg_sleep(0.1);
+  END LOOP;
+END $$;
+SELECT table_name, lease_holder_region FROM multiregion.ranges
+ WHERE database_name = 'regress_roles' AND table_name LIKE 'west%' ORDER BY 1;
 SET ROLE mr_caller;
 -- The caller's statement first (the remote transaction begins as mr_caller), then the
 -- function's, which only its owner may run.
