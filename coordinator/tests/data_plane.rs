@@ -2619,6 +2619,23 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
         .await;
         assert_eq!(copied, (3, 5003), "node {}", i + 1);
     }
+    // A WITH whose statement is an INSERT INTO is sent as written (no SELECT INTO to cut).
+    let n = sqlx::raw_sql(
+        "WITH v AS (SELECT 7 AS id) INSERT INTO accounts (id, balance, crdb_region) SELECT id, 1000, 'us-east1' FROM v",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 1);
+    let n = sqlx::raw_sql(
+        "WITH v AS (SELECT 7 AS id) DELETE FROM accounts WHERE crdb_region = 'us-east1' AND id IN (SELECT id FROM v)",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 1);
     // EXPLAIN ANALYZE's text is not its query's: still refused, not sent.
     let mut rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts")
         .fetch_all(&mut west)

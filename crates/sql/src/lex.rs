@@ -356,16 +356,26 @@ pub fn query_of(sql: &str) -> Option<Cow<'_, str>> {
         "select" | "with" => {
             // SELECT … INTO [TEMPORARY | TEMP | UNLOGGED] [TABLE] name …: the INTO clause,
             // outside parentheses, names the table to create; the rest is the query.
+            // A WITH's main statement may be an INSERT INTO or a MERGE INTO instead: no
+            // SELECT INTO then.
             let mut depth = 0usize;
             let into = toks.iter().position(|t| {
                 match &t.tok {
                     Tok::Punct('(') => depth += 1,
                     Tok::Punct(')') => depth = depth.saturating_sub(1),
-                    Tok::Word(w) => return depth == 0 && w == "into",
+                    Tok::Word(w) if depth == 0 => {
+                        return matches!(
+                            w.as_str(),
+                            "into" | "insert" | "update" | "delete" | "merge"
+                        )
+                    }
                     _ => {}
                 }
                 false
             })?;
+            if toks[into].word() != Some("into") {
+                return None;
+            }
             let mut i = into + 1;
             while matches!(
                 toks.get(i)?.word(),
@@ -615,6 +625,19 @@ mod query_of_tests {
         );
         assert_eq!(query_of("select 1 into c"), Some("select 1 ".into()));
         assert_eq!(query_of("SELECT a FROM (SELECT 1 AS a) x"), None);
+        assert_eq!(
+            query_of("WITH x AS (SELECT 1 AS a) INSERT INTO t SELECT a FROM x"),
+            None
+        );
+        assert_eq!(
+            query_of("WITH x AS (SELECT 1 AS a) MERGE INTO t USING x ON t.a = x.a WHEN MATCHED THEN DELETE"),
+            None
+        );
+        assert_eq!(
+            query_of("WITH d AS (DELETE FROM t RETURNING a) INSERT INTO u SELECT a FROM d"),
+            None
+        );
+        assert_eq!(query_of("SELECT a FROM t FOR UPDATE"), None);
         assert_eq!(query_of("SELECT 1 INTO"), None);
     }
 
