@@ -815,6 +815,7 @@ impl Node {
                 one_leaseholder,
                 may_gather,
                 inserted,
+                split_reads,
             } => match self
                 .ranges()
                 .route(
@@ -829,6 +830,7 @@ impl Node {
                         may_gather,
                     },
                     &txn_nodes,
+                    split_reads.as_ref(),
                 )
                 .await
             {
@@ -838,6 +840,7 @@ impl Node {
                     split: r.split,
                     mixed: r.mixed,
                     gather: r.gather,
+                    read_ranges: r.read_ranges,
                 },
                 Err(e) => crate::range::write_error(e),
             },
@@ -1597,7 +1600,7 @@ impl Handler for Node {
             PeerRequest::Exec(req) => match (self.ranges.get().cloned(), peer.node_id) {
                 (Some(r), Some(origin)) => Box::pin(async move {
                     PeerResponse::Exec {
-                        response: Box::new(r.serve_exec(origin, req).await),
+                        response: Box::new(r.serve_exec(origin, *req).await),
                     }
                 }),
                 _ => Box::pin(async move { not_ready() }),

@@ -2673,6 +2673,223 @@ async fn statements_over_several_leaseholders_run_on_each_leaseholders_partition
     check_consistency(&nodes[0]);
 }
 
+/// An UPDATE or DELETE of a REGIONAL BY ROW table over several leaseholders that also reads
+/// other tables (a subquery, `FROM`, `USING`, its own table again) runs on each leaseholder
+/// over its partitions, the other tables read from that node's copies after a read barrier
+/// there: through the us-west1 node, with `flags` leased in us-east1 and written through the
+/// europe-west1 node just before (each round's flag must be seen by every share), and a
+/// GLOBAL `kinds`. A transaction whose uncommitted changes a share's node would not see is
+/// refused (0A000), as is a share on a node without a copy of what it reads (PLACEMENT
+/// RESTRICTED); a locking subquery is not split. Before, every such statement was refused at
+/// commit ("this node is not the leaseholder").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_each_leaseholder() {
+    let dir = scratch("data-split-reads");
+    let nodes = start_cluster(dir.path(), 76, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 2;
+    regional_bank(&nodes, PER).await;
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    let mut eu = connect(&nodes[2], "mr").await.unwrap();
+    execute_all(
+        &mut east,
+        &[
+            "CREATE TABLE flags (id int PRIMARY KEY, flagged bool NOT NULL DEFAULT false)",
+            "CREATE TABLE kinds (id int PRIMARY KEY, bonus int NOT NULL) LOCALITY GLOBAL",
+            r#"CREATE TABLE limits (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+        ],
+    )
+    .await;
+    exec_once_settled(
+        &mut eu,
+        "INSERT INTO flags SELECT g FROM generate_series(1, 6) g",
+    )
+    .await;
+    exec_once_settled(&mut east, "INSERT INTO kinds VALUES (0, 10), (1, 20)").await;
+    // Every node holds a copy of every range before the statements below need one.
+    balances_converged(&nodes).await;
+
+    // A subquery: each round flags one more account through the europe-west1 node and at
+    // once updates the flagged accounts through the us-west1 node. Each share reads `flags`
+    // where it runs (us-east1, us-west1, europe-west1), after its barrier: every round sees
+    // its own flag and all earlier ones.
+    for (round, id) in [1, 4, 6, 3].into_iter().enumerate() {
+        exec_once_settled(
+            &mut eu,
+            &format!("UPDATE flags SET flagged = true WHERE id = {id}"),
+        )
+        .await;
+        let mut rows: Vec<(i32, String)> = sqlx::query_as(
+            "UPDATE accounts SET note = note || 'f' WHERE id IN (SELECT id FROM flags WHERE flagged) RETURNING id, note",
+        )
+        .fetch_all(&mut west)
+        .await
+        .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        rows.sort();
+        assert_eq!(rows.len(), round + 1, "round {round}: {rows:?}");
+        assert!(
+            rows.iter().any(|(i, _)| *i == id),
+            "round {round}: {rows:?}"
+        );
+    }
+    // FROM a GLOBAL table, and the table itself read again.
+    let n = sqlx::raw_sql(
+        "UPDATE accounts a SET balance = a.balance + k.bonus FROM kinds k WHERE k.id = a.id % 2",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 6);
+    let n = sqlx::raw_sql(
+        "UPDATE accounts SET balance = balance + 1 WHERE balance < (SELECT max(balance) FROM accounts)",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 3, "the even accounts (1010) below the odd ones (1020)");
+    // DELETE … USING.
+    let n = sqlx::raw_sql(
+        "DELETE FROM accounts a USING flags f WHERE f.id = a.id AND NOT f.flagged AND a.id <> 2",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 1, "account 5");
+
+    // A transaction that changed `flags` at its leaseholder (node 1): the us-west1 and
+    // europe-west1 shares would read copies without that change.
+    exec(&mut west, "BEGIN").await;
+    exec(&mut west, "UPDATE flags SET flagged = false WHERE id = 1").await;
+    let err = sqlx::raw_sql(
+        "UPDATE accounts SET balance = 0 WHERE id IN (SELECT id FROM flags WHERE flagged)",
+    )
+    .execute(&mut west)
+    .await
+    .expect_err("a share would miss the transaction's change to flags");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("uncommitted changes on node 1"),
+        "{err}"
+    );
+    exec(&mut west, "ROLLBACK").await;
+    // Changed here, where `limits` is leased: the other nodes' shares would miss it.
+    exec(&mut west, "BEGIN").await;
+    exec(&mut west, "INSERT INTO limits VALUES (1), (6)").await;
+    let err = sqlx::raw_sql("UPDATE accounts SET balance = 0 WHERE id IN (SELECT id FROM limits)")
+        .execute(&mut west)
+        .await
+        .expect_err("a share would miss the transaction's rows in limits");
+    assert_eq!(code(&err), "0A000", "{err}");
+    exec(&mut west, "ROLLBACK").await;
+    // Committed first, the same statement runs.
+    exec_once_settled(&mut west, "INSERT INTO limits VALUES (1), (6)").await;
+    let n =
+        sqlx::raw_sql("UPDATE accounts SET note = note || 'l' WHERE id IN (SELECT id FROM limits)")
+            .execute(&mut west)
+            .await
+            .unwrap()
+            .rows_affected();
+    assert_eq!(n, 2);
+    // A subquery that locks rows of another table is not split: its locks would be taken on
+    // copies. It fails as a whole, changing nothing.
+    let err = sqlx::raw_sql(
+        "UPDATE accounts SET balance = 0 WHERE id IN (SELECT id FROM flags WHERE flagged FOR UPDATE)",
+    )
+    .execute(&mut west)
+    .await
+    .expect_err("a locking subquery over several leaseholders");
+    assert!(!code(&err).starts_with("client"), "{err}");
+
+    let b = balances_converged(&nodes).await;
+    assert_eq!(
+        b.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
+        vec![(1, 1020), (2, 1011), (3, 1020), (4, 1011), (6, 1011)],
+        "{b:?}"
+    );
+    let notes: Vec<(i32, String)> = sqlx::query_as("SELECT id, note FROM accounts ORDER BY id")
+        .fetch_all(&mut eu)
+        .await
+        .unwrap();
+    assert_eq!(
+        notes,
+        vec![
+            (1, "ffffl".to_string()),
+            (2, String::new()),
+            (3, "f".to_string()),
+            (4, "fff".to_string()),
+            (6, "ffl".to_string()),
+        ]
+    );
+
+    // PLACEMENT RESTRICTED: `flags` has no replica outside us-east1, so the other shares
+    // cannot read it, and the statement is refused up front; `kinds`, GLOBAL, is everywhere.
+    exec(
+        &mut east,
+        r#"SELECT multiregion.execute('ALTER DATABASE mr PLACEMENT RESTRICTED')"#,
+    )
+    .await;
+    eventually(
+        "flags only in us-east1",
+        Duration::from_secs(60),
+        || async {
+            let mut w = connect(&nodes[1], "mr").await?;
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM multiregion.ranges WHERE database_name = 'mr' \
+                 AND table_name IN ('flags', 'accounts') \
+                 AND 2 = ANY (voting_replicas || non_voting_replicas)",
+            )
+            .fetch_one(&mut w)
+            .await
+            .ok()?;
+            (held == 1).then_some(())
+        },
+    )
+    .await;
+    let err = sqlx::raw_sql(
+        "UPDATE accounts SET balance = 0 WHERE id IN (SELECT id FROM flags WHERE flagged)",
+    )
+    .execute(&mut west)
+    .await
+    .expect_err("shares on nodes without a copy of flags");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("holds no replica of range"),
+        "{err}"
+    );
+    assert!(hint(&err).contains("separate statement"), "{}", hint(&err));
+    let n = sqlx::raw_sql(
+        "UPDATE accounts a SET balance = a.balance - k.bonus FROM kinds k WHERE k.id = a.id % 2",
+    )
+    .execute(&mut west)
+    .await
+    .unwrap()
+    .rows_affected();
+    assert_eq!(n, 5);
+    for n in &nodes {
+        let total = eventually(
+            "the total on every node",
+            Duration::from_secs(30),
+            || async {
+                let mut c = connect(n, "mr").await?;
+                sqlx::query_scalar::<_, i64>(
+                    "SELECT sum(balance)::int8 FROM accounts WHERE crdb_region = 'us-west1'",
+                )
+                .fetch_one(&mut c)
+                .await
+                .ok()
+                .filter(|&t| t == 1000 + 1001)
+            },
+        )
+        .await;
+        assert_eq!(total, 2001);
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
 /// Under REPEATABLE READ and SERIALIZABLE a read-write transaction stays on the one node that
 /// leases what it touches, its reads included: PostgreSQL sees a transaction's snapshot and
 /// its serializable conflicts only on the node it runs on, so a write skew whose two edges are

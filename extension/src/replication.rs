@@ -597,12 +597,9 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
     }
 }
 
-/// Whether the statement is an UPDATE or DELETE whose only replicated relations are its
-/// partitioned target and the partitions it changes (or a SELECT of one REGIONAL BY ROW
-/// table, [`splittable_read`]): run over each leaseholder's partitions in turn, the shares
-/// change (or read) exactly the rows the whole statement would. A statement that
-/// also reads the table (a subquery), or any other replicated table, is not: a share would
-/// read it on a node that may hold no copy of it.
+/// Whether the statement can run over each leaseholder's partitions in turn, the shares
+/// changing (or reading) exactly the rows the whole statement would: an UPDATE or DELETE of
+/// one REGIONAL BY ROW table ([`split_write`]), or a SELECT of one ([`splittable_read`]).
 ///
 /// # Safety
 /// As [`statement_targets`].
@@ -610,35 +607,97 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
 pub unsafe fn splittable(qd: &pg_sys::QueryDesc) -> bool {
     // SAFETY: as this function's contract.
     unsafe {
-        if qd.operation == pg_sys::CmdType::CMD_SELECT {
-            return splittable_read(qd);
+        match qd.operation {
+            pg_sys::CmdType::CMD_SELECT => splittable_read(qd),
+            pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE => split_write(qd).is_some(),
+            _ => false,
         }
-        if !matches!(
-            qd.operation,
-            pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
-        ) {
-            return false;
-        }
+    }
+}
+
+/// An UPDATE or DELETE whose target is one replicated partitioned table: the (table,
+/// partition) ranges it changes (its result relations), and those it only reads (a
+/// subquery's, `FROM`'s or `USING`'s tables, its own table read again), which each share
+/// reads from the copies where it runs. `None` where it cannot be split: a data-modifying
+/// CTE, another target, or a locking read of another table (`FOR UPDATE` in a subquery),
+/// whose locks a share would take on a copy rather than where the rows are leased.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+pub unsafe fn split_write(qd: &pg_sys::QueryDesc) -> Option<(Vec<RangeTarget>, Vec<RangeTarget>)> {
+    use pg_sys::RowMarkType::*;
+    // SAFETY: as this function's contract; the range table is a List of RangeTblEntry and
+    // the row marks a List of PlanRowMark, valid for the query's life.
+    unsafe {
         let ps = &*qd.plannedstmt;
         if ps.hasModifyingCTE || ps.rtable.is_null() || ps.resultRelations.is_null() {
-            return false;
+            return None;
         }
-        let mut parents = 0;
+        if !ps.rowMarks.is_null() {
+            for i in 0..(*ps.rowMarks).length {
+                let rm = pg_sys::list_nth(ps.rowMarks, i) as *mut pg_sys::PlanRowMark;
+                if !rm.is_null()
+                    && matches!(
+                        (*rm).markType,
+                        ROW_MARK_EXCLUSIVE
+                            | ROW_MARK_NOKEYEXCLUSIVE
+                            | ROW_MARK_SHARE
+                            | ROW_MARK_KEYSHARE
+                    )
+                {
+                    return None;
+                }
+            }
+        }
+        let database = crate::routing::database();
+        let target_of = |relid| {
+            target(relid).map(|t| {
+                let r = mr_meta::TableRef {
+                    database: database.clone(),
+                    schema: t.schema.clone(),
+                    table: t.table.clone(),
+                };
+                (r, t.partition.clone())
+            })
+        };
+        let (mut parents, mut changes, mut reads) = (0, Vec::new(), Vec::new());
         for i in 0..(*ps.rtable).length {
             let rte = pg_sys::list_nth(ps.rtable, i) as *mut pg_sys::RangeTblEntry;
             if rte.is_null()
                 || (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
+                || !matches!((*rte).relkind as u8, b'r' | b'p')
                 || !is_replicated((*rte).relid)
             {
                 continue;
             }
-            match (*rte).relkind as u8 {
-                b'p' => parents += 1,
-                _ if pg_sys::list_member_int(ps.resultRelations, i + 1) => {}
-                _ => return false,
+            let into = if pg_sys::list_member_int(ps.resultRelations, i + 1) {
+                if (*rte).relkind as u8 == b'p' {
+                    parents += 1;
+                    continue;
+                }
+                &mut changes
+            } else {
+                &mut reads
+            };
+            if let Some(t) = target_of((*rte).relid) {
+                if !into.contains(&t) {
+                    into.push(t);
+                }
             }
         }
-        parents == 1
+        if parents != 1 {
+            return None;
+        }
+        // A table read without naming partitions (its parent alone) stands for all of them
+        // only when none of its partitions is listed.
+        let listed: Vec<mr_meta::TableRef> = reads
+            .iter()
+            .filter(|(_, p)| p.is_some())
+            .map(|(t, _)| t.clone())
+            .collect();
+        reads.retain(|(t, p)| p.is_some() || !listed.contains(t));
+        Some((changes, reads))
     }
 }
 

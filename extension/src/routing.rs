@@ -49,6 +49,9 @@ struct Forwarded {
     /// Split over several leaseholders: each (`None`: here) with the partitions of the
     /// statement's target it runs over. Empty: the whole statement runs on `node`.
     shares: Vec<(Option<u64>, Vec<String>)>,
+    /// Ranges the shares only read (a subquery's table), whose read barriers each share's
+    /// node passes before running it.
+    read_ranges: Vec<u64>,
     /// It may write rows into partitions leased elsewhere (so it is never sent as a whole
     /// autocommit transaction: those rows join the transaction after it ran).
     may_move: bool,
@@ -311,6 +314,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 Forwarded {
                     node,
                     shares: Vec::new(),
+                    read_ranges: Vec::new(),
                     may_move,
                     lock_timeout_ms: several.then(lock_timeout_for_parts).flatten(),
                     rows: None,
@@ -330,6 +334,21 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         && !dynamic_params
         && !rewritten
         && unsafe { replication::splittable(qd) };
+    // What a split UPDATE or DELETE reads besides its own partitions: each share's node
+    // reads it from its copies.
+    let split_reads = if splittable && modifies {
+        // SAFETY: as this function's contract.
+        unsafe { replication::split_write(qd) }
+            .filter(|(_, reads)| !reads.is_empty())
+            .map(|(changes, reads)| mr_wire::local::SplitReads {
+                changes,
+                reads,
+                changed_here: replication::has_local_changes()
+                    && !replication::local_changes_keys_only(),
+            })
+    } else {
+        None
+    };
     // Parts that only hold global key changes pin nothing.
     let first_remote = REMOTE.with(|r| r.borrow().iter().find(|r| !r.keys_only).map(|r| r.node));
     // A read-write transaction under these levels runs on one leaseholder: its snapshot and
@@ -387,6 +406,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             && !dynamic_params
             && unsafe { crate::gather::may_replan(qd) },
         inserted,
+        split_reads,
     };
     match sidecar::route_with(database(), targets, txn_nodes, how) {
         Ok(r) if r.gather => {
@@ -414,6 +434,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     Forwarded {
                         node,
                         shares: r.split,
+                        read_ranges: r.read_ranges,
                         may_move,
                         lock_timeout_ms,
                         rows: None,
@@ -595,6 +616,7 @@ unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
             Forwarded {
                 node: 0,
                 shares: Vec::new(),
+                read_ranges: Vec::new(),
                 may_move: false,
                 lock_timeout_ms: None,
                 rows: Some(rows),
@@ -892,6 +914,7 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                     params,
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
+                    read_ranges: Vec::new(),
                     settings: Vec::new(),
                     role: None,
                 };
@@ -1161,6 +1184,7 @@ fn write_moved(
                     params: vec![("pg_catalog.json".into(), Some(json))],
                     lock_timeout_ms: lock_timeout_for_parts(),
                     partitions: Vec::new(),
+                    read_ranges: Vec::new(),
                     settings: Vec::new(),
                     role: Some(current_role()),
                 };
@@ -1299,12 +1323,15 @@ fn sync_is_next() -> bool {
 unsafe fn share_statement(qd: &mut pg_sys::QueryDesc, partitions: Vec<String>) -> ForwardStatement {
     // SAFETY: as this function's contract.
     let mut statement = unsafe { statement_of(qd) };
-    statement.partitions = partitions;
-    statement.lock_timeout_ms = FORWARDED.with(|f| {
-        f.borrow()
-            .get(&(qd as *mut pg_sys::QueryDesc as usize))
-            .and_then(|x| x.lock_timeout_ms)
+    FORWARDED.with(|f| {
+        if let Some(x) = f.borrow().get(&(qd as *mut pg_sys::QueryDesc as usize)) {
+            statement.lock_timeout_ms = x.lock_timeout_ms;
+            if !partitions.is_empty() {
+                statement.read_ranges = x.read_ranges.clone();
+            }
+        }
     });
+    statement.partitions = partitions;
     statement
 }
 
@@ -1466,6 +1493,7 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
             .collect(),
         lock_timeout_ms: None,
         partitions: Vec::new(),
+        read_ranges: Vec::new(),
         settings: Vec::new(),
         role: None,
     };
@@ -1939,6 +1967,7 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             params,
             lock_timeout_ms: None,
             partitions: Vec::new(),
+            read_ranges: Vec::new(),
             settings: Vec::new(),
             role: Some(current_role()),
         }

@@ -204,6 +204,8 @@ pub struct RouteHow {
     /// Partitions among the targets that an INSERT's VALUES only write rows into
     /// ([`crate::replication::touched_ranges`]).
     pub inserted: Vec<(mr_meta::TableRef, String)>,
+    /// A splittable UPDATE or DELETE's other reads ([`crate::replication::split_write`]).
+    pub split_reads: Option<mr_wire::local::SplitReads>,
 }
 
 /// [`route`] with every question `Route` takes.
@@ -223,6 +225,7 @@ pub fn route_with(
         one_leaseholder: how.one_leaseholder,
         may_gather: how.may_gather,
         inserted: how.inserted,
+        split_reads: how.split_reads,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {
@@ -231,12 +234,14 @@ pub fn route_with(
             split,
             mixed,
             gather,
+            read_ranges,
         } => Ok(Route {
             enabled,
             forward_to,
             split,
             mixed,
             gather,
+            read_ranges,
         }),
         other => Err(write_error("route", other)),
     }
@@ -254,6 +259,8 @@ pub struct Route {
     pub mixed: bool,
     /// A read over ranges no node holds a copy of every one of (asked with `may_gather`).
     pub gather: bool,
+    /// Ranges the `split` shares only read: their nodes pass these read barriers first.
+    pub read_ranges: Vec<u64>,
 }
 
 /// A forwarded step's result: rows processed, the rows returned as text, and rows it left

@@ -152,7 +152,7 @@ impl Ranges {
         // cut off, or dead): then the wait ends as a lost connection would.
         let call = self
             .transport
-            .call(&addr, PeerRequest::Exec(req), STEP_TIMEOUT);
+            .call(&addr, PeerRequest::Exec(Box::new(req)), STEP_TIMEOUT);
         let silent = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -223,14 +223,14 @@ impl Ranges {
         tokio::spawn(async move {
             let until = Instant::now() + IDLE_LIMIT * 2;
             while Instant::now() < until {
-                let req = PeerRequest::Exec(ForwardRequest {
+                let req = PeerRequest::Exec(Box::new(ForwardRequest {
                     session: session.clone(),
                     backend_pid,
                     begin: None,
                     savepoints: Vec::new(),
                     statement: None,
                     finish: Some(Finish::Rollback),
-                });
+                }));
                 if let Ok(PeerResponse::Exec { .. }) =
                     transport.call(&addr, req, Duration::from_secs(2)).await
                 {
@@ -258,6 +258,16 @@ impl Ranges {
             .contains_key(&key)
         {
             return LocalResponse::SqlError(gone(self.me));
+        }
+        // A split statement's share that reads ranges besides its partitions reads them from
+        // this node's copies, which must hold every write acknowledged before it began.
+        if let Some(st) = req.statement.as_ref().filter(|s| !s.read_ranges.is_empty()) {
+            if let Err(e) = self
+                .barrier(st.read_ranges.iter().map(|&r| (r, None)))
+                .await
+            {
+                return super::write_error(e);
+            }
         }
         let existing = self
             .sessions

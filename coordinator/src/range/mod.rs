@@ -41,7 +41,7 @@ use crate::postgres::{PgConfig, PgState};
 use anyhow::Result;
 use mr_meta::{Command, RangeDescriptor, ReplicaKind, TableRef};
 use mr_wire::local::LocalResponse;
-use mr_wire::local::{PrepareAs, TargetWrite};
+use mr_wire::local::{PrepareAs, SplitReads, TargetWrite};
 use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use redb::Database;
@@ -299,6 +299,9 @@ pub struct Route {
     /// A read over ranges no node holds a copy of every one of: its REGIONAL BY ROW tables
     /// may be gathered here, each leaseholder sending its partitions' rows.
     pub gather: bool,
+    /// Ranges a split statement's shares only read: each share's node passes their read
+    /// barriers before it runs its share (this node's own share has passed them).
+    pub read_ranges: Vec<u64>,
 }
 
 /// What a statement needs of the ranges it touches ([`Ranges::route`]).
@@ -1404,6 +1407,7 @@ impl Ranges {
         inserted: &[(TableRef, String)],
         how: Routing,
         txn_nodes: &[u64],
+        split_reads: Option<&SplitReads>,
     ) -> Result<Route, WriteError> {
         let Routing {
             write,
@@ -1445,6 +1449,7 @@ impl Ranges {
             split: Vec::new(),
             mixed: false,
             gather: false,
+            read_ranges: Vec::new(),
         };
         let there = |node| Route {
             enabled: true,
@@ -1452,6 +1457,7 @@ impl Ranges {
             split: Vec::new(),
             mixed: false,
             gather: false,
+            read_ranges: Vec::new(),
         };
         if !enabled || ranges.is_empty() {
             return Ok(here(enabled));
@@ -1485,15 +1491,35 @@ impl Ranges {
                     self.barrier(read).await?;
                     return Ok(here(true));
                 }
-                None if splittable => {
-                    return Ok(Route {
-                        enabled: true,
-                        forward_to: None,
-                        split: self.shares(targets, holder)?,
-                        mixed: false,
-                        gather: false,
-                    })
-                }
+                None if splittable => match split_reads {
+                    None => {
+                        return Ok(Route {
+                            enabled: true,
+                            forward_to: None,
+                            split: self.shares(targets, holder)?,
+                            mixed: false,
+                            gather: false,
+                            read_ranges: Vec::new(),
+                        })
+                    }
+                    Some(plan) => {
+                        let split = self.shares(&plan.changes, holder)?;
+                        // Every partition it changes leased here: it runs here, as below.
+                        if split.iter().any(|(n, _)| n.is_some()) {
+                            let read_ranges = self
+                                .split_reads(database, plan, &split, holder, txn_nodes)
+                                .await?;
+                            return Ok(Route {
+                                enabled: true,
+                                forward_to: None,
+                                split,
+                                mixed: false,
+                                gather: false,
+                                read_ranges,
+                            });
+                        }
+                    }
+                },
                 None => {}
             }
             // A read-write REPEATABLE READ or SERIALIZABLE transaction's snapshot and its
@@ -1586,6 +1612,7 @@ impl Ranges {
                 split: self.shares(targets, holder)?,
                 mixed: false,
                 gather: false,
+                read_ranges: Vec::new(),
             }),
             // The caller can read the REGIONAL BY ROW tables through each leaseholder first.
             _ if may_gather => Ok(Route {
@@ -1608,6 +1635,69 @@ impl Ranges {
                 })
             }
         }
+    }
+
+    /// The ranges a split write's shares only read (`plan.reads`), after checking that each
+    /// share's node can read them: it holds a replica of each, and none is leased where this
+    /// transaction has changes that node's copy lacks. This node's own share passes their
+    /// read barriers here; the others' nodes do before running theirs.
+    async fn split_reads(
+        &self,
+        database: &str,
+        plan: &SplitReads,
+        split: &Shares,
+        holder: impl Fn(u64, Option<u64>) -> Option<u64>,
+        txn_nodes: &[u64],
+    ) -> Result<Vec<u64>, WriteError> {
+        let reads = self.resolve_settled(database, &plan.reads).await.ranges;
+        let replicas: BTreeMap<u64, (TableRef, BTreeSet<u64>)> = self.meta.read(|s| {
+            reads
+                .iter()
+                .filter_map(|&(r, _)| {
+                    let d = s.range(r)?;
+                    Some((
+                        r,
+                        (
+                            d.table.clone(),
+                            d.replicas.iter().map(|x| x.node_id).collect(),
+                        ),
+                    ))
+                })
+                .collect()
+        });
+        let changed_on = |h: u64| txn_nodes.contains(&h) || (plan.changed_here && h == self.me);
+        for (node, partitions) in split {
+            let n = node.unwrap_or(self.me);
+            for &(range_id, recorded) in &reads {
+                let Some((table, with)) = replicas.get(&range_id) else {
+                    return Err(WriteError::Retryable(format!(
+                        "range {range_id} is being dropped or moved"
+                    )));
+                };
+                let name = format!("{}.{}", table.schema, table.table);
+                if !with.contains(&n) {
+                    return Err(WriteError::Unsupported {
+                        message: format!(
+                            "the statement changes rows leased on several nodes, and node {n}, which leases partition(s) {} of them, holds no replica of range {range_id} of {name}, which the statement also reads",
+                            partitions.join(", ")
+                        ),
+                        hint: format!("Read {name} in a separate statement and pass its values, name the rows' region (WHERE crdb_region = ...) so that the statement changes one partition, or place {name} where every region holds a copy (a GLOBAL table, or placement DEFAULT)."),
+                    });
+                }
+                if let Some(h) = holder(range_id, recorded).filter(|&h| h != n && changed_on(h)) {
+                    return Err(WriteError::Unsupported {
+                        message: format!(
+                            "the statement changes rows leased on several nodes and reads {name}, and this transaction has uncommitted changes on node {h}, which leases range {range_id} of it: read on node {n}, they would be missing"
+                        ),
+                        hint: "Run the statement before those changes, in its own transaction, or name the rows' region (WHERE crdb_region = ...) so that it changes one partition.".into(),
+                    });
+                }
+            }
+        }
+        if split.iter().any(|(n, _)| n.is_none()) {
+            self.barrier(reads.iter().copied()).await?;
+        }
+        Ok(reads.into_iter().map(|(r, _)| r).collect())
     }
 
     /// The nearest live node but this one that holds a replica of every one of `ranges`

@@ -236,9 +236,10 @@ pub enum LocalRequest {
         /// that only reads on the leaseholder passes a read barrier instead.
         #[serde(default)]
         modifies: bool,
-        /// The statement may be split: an UPDATE or DELETE of one REGIONAL BY ROW table that
-        /// reads no other copy of it. Leased on several nodes, it then runs on each
-        /// leaseholder over that node's partitions ([`LocalResponse::Route`]'s `split`).
+        /// The statement may be split: an UPDATE or DELETE of one REGIONAL BY ROW table (what
+        /// else it reads in `split_reads`), or a plain scan of one. Leased on several nodes,
+        /// it then runs on each leaseholder over that node's partitions
+        /// ([`LocalResponse::Route`]'s `split`).
         #[serde(default)]
         splittable: bool,
         /// Other nodes this transaction has a part on (changes this node's copies lack).
@@ -261,6 +262,13 @@ pub enum LocalRequest {
         /// partition leased elsewhere are written at its leaseholder (`mixed`).
         #[serde(default)]
         inserted: Vec<(TableRef, String)>,
+        /// A splittable UPDATE or DELETE that also reads other ranges (a subquery, `FROM` or
+        /// `USING`, its own table again): `changes` are the targets its shares change (its
+        /// result relation's partitions), `reads` those they only read. Each share's node
+        /// reads these from its own copy after a read barrier there. `None`: the shares only
+        /// touch `targets`.
+        #[serde(default)]
+        split_reads: Option<SplitReads>,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
@@ -424,6 +432,19 @@ impl SavepointOp {
     }
 }
 
+/// What a split UPDATE or DELETE changes and what it only reads ([`LocalRequest::Route`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SplitReads {
+    /// Its result relation's partitions: the shares are made of these.
+    pub changes: Vec<(TableRef, Option<String>)>,
+    /// Every other (table, partition) it reads; a partition it also changes is read by the
+    /// other shares' nodes from their copies.
+    pub reads: Vec<(TableRef, Option<String>)>,
+    /// The transaction has changed rows on the asking node: no other node's share may read
+    /// ranges leased there.
+    pub changed_here: bool,
+}
+
 /// A statement and its parameters as (type name, text value).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForwardStatement {
@@ -437,6 +458,11 @@ pub struct ForwardStatement {
     /// over several leaseholders); empty: the whole statement.
     #[serde(default)]
     pub partitions: Vec<String>,
+    /// Ranges the share reads besides its partitions, from the copies on the node it runs on
+    /// (a subquery's table): that node passes their read barriers before running it, so the
+    /// share sees every write acknowledged before the statement began.
+    #[serde(default)]
+    pub read_ranges: Vec<u64>,
     /// Session settings (of the forwarded ones) whose value at the origin changed since the
     /// remote transaction last had them: set there, for the transaction, before it runs. A
     /// function's `SET search_path` clause, say, lasts only for its own statements.
@@ -734,6 +760,11 @@ pub enum LocalResponse {
         /// re-planned with its REGIONAL BY ROW tables read through their leaseholders first.
         #[serde(default)]
         gather: bool,
+        /// The ranges a `split` statement's shares only read ([`SplitReads`]): a share sent
+        /// to another node passes their read barriers there before it runs
+        /// ([`ForwardStatement::read_ranges`]); this node's own share has passed them.
+        #[serde(default)]
+        read_ranges: Vec<u64>,
     },
     /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
     /// number of rows it processed.

@@ -107,7 +107,7 @@ pub enum PeerRequest {
     },
     /// Runs one step of a transaction forwarded by the calling node (its statements on rows
     /// this node leases): [`PeerResponse::Exec`].
-    Exec(crate::local::ForwardRequest),
+    Exec(Box<crate::local::ForwardRequest>),
     /// The calling node's forwarded sessions that are still in use: the others of that node
     /// are rolled back.
     ExecKeepalive { sessions: Vec<String> },
