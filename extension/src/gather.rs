@@ -700,8 +700,11 @@ pub(crate) unsafe extern "C-unwind" fn only_of(
     }
 }
 
-/// Whether this node holds a replica of every range of a replicated table (read here, after
-/// its read barrier, it needs no gathering).
+/// Whether this node's copy of a replicated table can answer for it (read here, after its
+/// read barrier, it needs no gathering): it holds a replica of every range, and none of them
+/// is leased on another node where this transaction has changed rows. Those changes are
+/// only there, uncommitted: gathered, the table is read through its leaseholders in the
+/// transaction's sessions on them, which see them.
 pub(crate) fn held_here(table: pg_sys::Oid) -> bool {
     let Ok((schema, name)) = qualified(table) else {
         return false;
@@ -712,7 +715,13 @@ pub(crate) fn held_here(table: pg_sys::Oid) -> bool {
         table: name,
     };
     match crate::sidecar::table_ranges(crate::routing::database(), vec![table]) {
-        Ok(Some(ranges)) => !ranges.is_empty() && ranges.iter().all(|r| r.held),
+        Ok(Some(ranges)) => {
+            let changed = crate::routing::changed_on();
+            !ranges.is_empty()
+                && ranges.iter().all(|r| {
+                    r.held && (r.here || !r.leaseholder.is_some_and(|h| changed.contains(&h)))
+                })
+        }
         Ok(None) => true,
         Err(e) => e.raise(),
     }

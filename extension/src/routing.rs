@@ -388,8 +388,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         return;
     }
     // A READ COMMITTED transaction with changes elsewhere reads where the rows are leased,
-    // so that it sees its own writes there. (Parts that only read do not count: after a
-    // split read left one behind, a gathered read was refused.)
+    // so that it sees its own writes there: on their leaseholder, split over them, or
+    // gathered from them, every table leased where it changed rows read there
+    // (`crate::gather::held_here`). Parts that only read do not count.
     let has_remotes = REMOTE.with(|r| r.borrow().iter().any(|x| !x.keys_only && x.wrote));
     let how = sidecar::RouteHow {
         write: write || has_remotes,
@@ -402,7 +403,6 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         // SAFETY: as this function's contract.
         may_gather: (!write
             || (qd.operation == pg_sys::CmdType::CMD_INSERT && !snapshot_isolation && !rewritten))
-            && !has_remotes
             && !dynamic_params
             && unsafe { crate::gather::may_replan(qd) },
         inserted,
@@ -648,6 +648,18 @@ fn lock_timeout_for_parts() -> Option<u64> {
 /// The nodes this transaction has a session on.
 pub fn remote_nodes() -> Vec<u64> {
     REMOTE.with(|r| r.borrow().iter().map(|x| x.node).collect())
+}
+
+/// The nodes where this transaction has changed rows (its parts there wrote): rows leased
+/// there read anywhere else would miss those changes.
+pub fn changed_on() -> Vec<u64> {
+    REMOTE.with(|r| {
+        r.borrow()
+            .iter()
+            .filter(|x| x.wrote && !x.keys_only)
+            .map(|x| x.node)
+            .collect()
+    })
 }
 
 /// Whether this transaction runs statements on another node.

@@ -1561,10 +1561,6 @@ impl Ranges {
                     ),
                     hint: if modifies {
                         "Name the row's region (WHERE crdb_region = ...) so that the statement touches one partition, or write each region's rows in its own statement (one transaction may span leaseholders; one statement may not).".into()
-                    } else if !txn_nodes.is_empty() && !one_leaseholder {
-                        // READ COMMITTED, after changes on other nodes: a gathered read
-                        // would read tables held here without them.
-                        format!("This transaction has uncommitted changes on node(s) {}: rows no node holds together are gathered only in a transaction without changes elsewhere. Name the rows' region (WHERE crdb_region = ...), read before making those changes, or read after the commit.", txn_nodes.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "))
                     } else {
                         // A read that is routed as a write: a locking read, or one under
                         // REPEATABLE READ or SERIALIZABLE, which needs one snapshot.
@@ -1577,6 +1573,14 @@ impl Ranges {
             if let Some(&(range_id, h)) = read.iter().find(|&&(r, h)| {
                 holder(r, h).is_some_and(|h| h != self.me && txn_nodes.contains(&h))
             }) {
+                // Gathered, the tables leased where the transaction changed rows are read
+                // there, in its sessions, which see those changes.
+                if may_gather {
+                    return Ok(Route {
+                        gather: true,
+                        ..here(true)
+                    });
+                }
                 let h = holder(range_id, h).unwrap_or_default();
                 return Err(WriteError::Unsupported {
                     message: format!(
