@@ -41,7 +41,7 @@ pub struct Header {
     /// Entries after `index` whose rows the snapshot already holds.
     pub skip: Vec<u64>,
     pub rows: u64,
-    /// The two-phase commit decisions the range's log recorded lately (transaction, commit):
+    /// The two-phase commit decisions the range's log recorded (transaction, commit):
     /// replicated state like the rows, so a replica that starts here answers for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<(String, bool)>,
@@ -245,8 +245,12 @@ impl Source {
                 .unwrap_or_default();
         }
         sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
-        let since = crate::node::now_ms().saturating_sub(super::store::DECISIONS_IN_SNAPSHOT_MS);
-        let decisions = super::store::range_decisions(db, range_id, since)
+        // Every one: a part's replica that was away for a day or a month asks for its
+        // transaction's decision when it reaches the `Prepare` entry, and a replica of the
+        // anchor that started from this snapshot may be the one that answers. Carrying only
+        // the last day's let such a leader record an abort for a transaction its log had
+        // committed.
+        let decisions = super::store::range_decisions(db, range_id)
             .map_err(|e| format!("reading the range's decisions: {e}"))?;
         let sealed_at = super::store::sealed_at(db, range_id)
             .map_err(|e| format!("reading the range's seal: {e}"))?;

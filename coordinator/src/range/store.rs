@@ -40,14 +40,11 @@ const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_me
 /// leaseholders asked by the applier.
 const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions");
 /// The decisions each range's log recorded, by (range, transaction): (1 commit / 0 abort,
-/// the `Decide` entry's time). Part of the range's replicated state: snapshots carry those
-/// of the last [`DECISIONS_IN_SNAPSHOT_MS`], so a replica that joined from a snapshot answers
-/// as one that applied the whole log.
+/// the `Decide` entry's time). Part of the range's replicated state: snapshots carry all of
+/// them, so a replica that joined from a snapshot answers as one that applied the whole log
+/// (a part's replica may reach its `Prepare` entry after any time away, and ask).
 const RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
     TableDefinition::new("range_decisions");
-/// How old a decision a snapshot still carries: parts ask their anchor within seconds (a part
-/// range's replicas that come back later learn from their own range's leader).
-pub const DECISIONS_IN_SNAPSHOT_MS: u64 = 24 * 3600 * 1000;
 /// The index of the range's `Seal` entry, once applied here.
 const SEALED: &str = "sealed";
 const VOTE: &str = "vote";
@@ -182,12 +179,8 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
     Ok(t.get(gid)?.map(|v| v.value() == 1))
 }
 
-/// The decisions range `range`'s log recorded at or after `since_ms`: (transaction, commit).
-pub fn range_decisions(
-    db: &Database,
-    range: u64,
-    since_ms: u64,
-) -> Result<Vec<(String, bool)>, redb::Error> {
+/// Every decision range `range`'s log recorded, however old: (transaction, commit).
+pub fn range_decisions(db: &Database, range: u64) -> Result<Vec<(String, bool)>, redb::Error> {
     let tx = db.begin_read()?;
     let t = tx.open_table(RANGE_DECISIONS)?;
     let mut out = Vec::new();
@@ -197,10 +190,8 @@ pub fn range_decisions(
         if r != range {
             break;
         }
-        let (commit, at_ms) = v.value();
-        if at_ms >= since_ms {
-            out.push((gid.to_string(), commit == 1));
-        }
+        let (commit, _at_ms) = v.value();
+        out.push((gid.to_string(), commit == 1));
     }
     Ok(out)
 }
@@ -977,5 +968,34 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<RangeConfig>>, SErr> {
         self.current()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A range's snapshot carries every decision its log recorded, a month-old one too: a
+    /// replica that starts from it may lead the anchor when a part's replica, back after a
+    /// month away, reaches its `Prepare` entry and asks. (Snapshots carried one day's; the
+    /// new leader then knew nothing of an older commit and recorded the abort it was asked.)
+    #[test]
+    fn a_snapshot_carries_decisions_of_any_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let month_ago = crate::node::now_ms() - 30 * 24 * 3600 * 1000;
+        let old = [("mr:1:2".to_string(), true), ("mr:1:3".to_string(), false)];
+        super::install_range_decisions(&db, 7, &old, None, month_ago).unwrap();
+        let new = [("mr:1:4".to_string(), true)];
+        super::install_range_decisions(&db, 7, &new, None, crate::node::now_ms()).unwrap();
+        super::install_range_decisions(&db, 8, &[("mr:1:5".into(), true)], None, 0).unwrap();
+        let mut carried = super::range_decisions(&db, 7).unwrap();
+        carried.sort();
+        assert_eq!(
+            carried,
+            vec![
+                ("mr:1:2".to_string(), true),
+                ("mr:1:3".to_string(), false),
+                ("mr:1:4".to_string(), true),
+            ]
+        );
     }
 }
