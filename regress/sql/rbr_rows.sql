@@ -205,3 +205,39 @@ INSERT INTO tickets (crdb_region, id, v) VALUES ('us-west1', 2, 'd');
 SELECT crdb_region, * FROM tickets ORDER BY id;
 SELECT id FROM multiregion_keys.tickets ORDER BY 1;
 DROP TABLE tickets;
+
+-- An UPDATE over both nodes' partitions that also reads another table (here through node 2)
+-- runs on each leaseholder over its own partition, each reading the other table from its
+-- node's copy after a read barrier there (it was refused at commit: "not the leaseholder").
+CREATE TABLE flags (id int PRIMARY KEY);
+DO $$
+BEGIN
+  FOR i IN 1..300 LOOP
+    EXIT WHEN (SELECT count(*) = 1 FROM multiregion.ranges
+                WHERE database_name = 'regress_rbr' AND table_name = 'flags'
+                  AND lease_holder IS NOT NULL
+                  AND 2 = ANY (voting_replicas || non_voting_replicas));
+    PERFORM pg_catalog.pg_sleep(0.1);
+  END LOOP;
+END $$;
+INSERT INTO flags VALUES (1), (2);
+UPDATE accounts SET owner = owner || '!' WHERE id IN (SELECT id FROM flags);
+UPDATE accounts a SET owner = a.owner || '?' FROM flags f WHERE f.id = a.id AND f.id > 1;
+SELECT id, owner, crdb_region FROM accounts ORDER BY id;
+-- In a transaction that changed `flags` at its leaseholder (node 1), this node's share would
+-- read its copy without that change: refused (0A000), nothing run.
+BEGIN;
+INSERT INTO flags VALUES (3);
+\set VERBOSITY sqlstate
+UPDATE accounts SET owner = 'x' WHERE id IN (SELECT id FROM flags);
+\set VERBOSITY default
+ROLLBACK;
+-- A read after a change to a row leased elsewhere sees it: the table is read through its
+-- leaseholders, in this transaction's sessions there (it was refused).
+BEGIN;
+UPDATE accounts SET owner = 'ANN' WHERE id = 1;
+SELECT string_agg(owner, ',' ORDER BY id) FROM accounts;
+SELECT count(*) FROM accounts a JOIN flags f USING (id);
+ROLLBACK;
+SELECT string_agg(owner, ',' ORDER BY id) FROM accounts;
+DROP TABLE flags;
