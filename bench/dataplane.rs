@@ -324,7 +324,7 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
     row(
         "same row, without its region: split over the us-east1 (here), us-west1 and europe-west1 leaseholders",
         split,
-        "87 (this node's share, then the us-west1 and europe-west1 shares at once) + 87 (prepare) + 87 (commit)",
+        "87 (this node's share, then the us-west1 and europe-west1 shares at once) + 63 (commit at us-west1, the one share that wrote: one phase)",
     );
     // The same split, reading a GLOBAL table in a subquery: each share reads its node's copy
     // after a read barrier there, which on a non-voter asks the us-east1 leaseholder.
@@ -353,7 +353,7 @@ async fn several_leaseholders(nodes: &[Node], b: &mut PgConnection, east: usize)
     row(
         "same row, without its region, chosen by a subquery over a GLOBAL table: split, each share reading its node's copy after a barrier",
         with_reads,
-        "174 (the europe-west1 share, whose barrier asks the us-east1 leaseholder: 87 + 87) + 87 (prepare) + 87 (commit)",
+        "174 (the europe-west1 share, whose barrier asks the us-east1 leaseholder: 87 + 87) + 63 (commit at us-west1, one phase)",
     );
     exec(
         b,
