@@ -616,3 +616,9 @@ BEGIN
                    v_rel, v_cols, v_cols, v_rel) USING p_rows;
 END
 $fn$;
+
+-- Each node's turn for read-write REPEATABLE READ and SERIALIZABLE transactions over several
+-- nodes (docs/ARCHITECTURE.md §8.5, "Isolation").
+CREATE TABLE multiregion.turn (taken bigint NOT NULL);
+INSERT INTO multiregion.turn VALUES (0);
+REVOKE ALL ON multiregion.turn FROM PUBLIC;

@@ -970,6 +970,22 @@ fn forget_key(txn_id: &str) {
     })
 }
 
+/// Under SERIALIZABLE, PostgreSQL's own serializable pre-commit check, now rather than inside
+/// CommitTransaction: it raises 40001 for a dangerous structure and otherwise marks this
+/// transaction prepared, so that later conflicts abort the other side (its second run inside
+/// CommitTransaction then finds nothing to do). After it the transaction cannot fail for its
+/// own reasons, and may be committed elsewhere.
+#[allow(unsafe_code)]
+pub fn serializable_pre_commit() {
+    // SAFETY: reads a backend global; the check is PostgreSQL's, called where a commit is
+    // under way.
+    unsafe {
+        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 {
+            pg_sys::ffi::pg_guard_ffi_boundary(|| PreCommit_CheckForSerializationFailure());
+        }
+    }
+}
+
 /// Takes this transaction's changes for replication, per (table, partition), once it can no
 /// longer fail for its own reasons: runs PostgreSQL's serializable pre-commit check and
 /// records the transaction's key in `multiregion.range_txns` (uncommitted: replicas' appliers
@@ -980,14 +996,7 @@ pub fn take_write() -> Result<Option<LocalWrite>, MrError> {
     if changes.is_empty() || gucs::sidecar_socket().is_none() {
         return Ok(None);
     }
-    // SAFETY: reads backend globals; the check is PostgreSQL's own serializable pre-commit
-    // step, which marks this transaction prepared so that later conflicts abort the other
-    // side: its second run inside CommitTransaction then finds nothing to do.
-    unsafe {
-        if pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 {
-            pg_sys::ffi::pg_guard_ffi_boundary(|| PreCommit_CheckForSerializationFailure());
-        }
-    }
+    serializable_pre_commit();
     // A large write set is only built once replication is known to be on (a bulk load into a
     // cluster without row replication must not pay for it); small ones ask in the same call.
     let approx: usize = changes
@@ -1109,7 +1118,14 @@ CREATE TABLE multiregion.merge_seed (
     region text NOT NULL,
     row_data jsonb NOT NULL
 );
-REVOKE ALL ON multiregion.range_state, multiregion.range_txns, multiregion.merge_seed FROM PUBLIC;
+-- One row. A read-write REPEATABLE READ or SERIALIZABLE transaction with parts on several
+-- nodes holds each one's turn until it ends there: this table's lock, so that no two such
+-- transactions overlap on a node, and an update of the row, which fails with 40001 if one of
+-- them committed here after the transaction's snapshot was taken (docs/ARCHITECTURE.md §8.5,
+-- "Isolation").
+CREATE TABLE multiregion.turn (taken bigint NOT NULL);
+INSERT INTO multiregion.turn VALUES (0);
+REVOKE ALL ON multiregion.range_state, multiregion.range_txns, multiregion.merge_seed, multiregion.turn FROM PUBLIC;
 GRANT SELECT ON multiregion.range_state TO PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION multiregion.capture(oid, text, text, text) FROM PUBLIC;

@@ -13,7 +13,9 @@
 //!   COMMITTED, once it has a part elsewhere its reads go to leaseholders (it reads its own
 //!   writes), and its commit is two-phase when it has more than one part (this backend's own
 //!   changes count as one), coordinated by pgmr; a lone remote part just commits first. Under
-//!   REPEATABLE READ and SERIALIZABLE it stays on one node. An abort rolls every part back;
+//!   REPEATABLE READ and SERIALIZABLE (read-write) each statement runs on the one node that
+//!   leases what it touches, and a transaction with parts on several nodes holds each node's
+//!   turn (ARCHITECTURE.md §8.5, "Isolation"). An abort rolls every part back;
 //!   savepoints are mirrored lazily, named by subtransaction id. An autocommit statement sent
 //!   through the simple query protocol begins, runs and commits remotely in one message.
 
@@ -148,8 +150,13 @@ thread_local! {
     /// a part on this node (its row locks), even before it changed a row.
     static LOCAL_PART: Cell<bool> = const { Cell::new(false) };
     /// This read-write REPEATABLE READ or SERIALIZABLE transaction ran a statement over
-    /// replicated tables here: its snapshot and its conflicts are this node's, so it stays here.
+    /// replicated tables here: it has a part here, with this node's snapshot and conflicts.
     static SNAPSHOT_HERE: Cell<bool> = const { Cell::new(false) };
+    /// Where this read-write REPEATABLE READ or SERIALIZABLE transaction holds the node's
+    /// turn (`None`: this node), once it has parts on two nodes or more (`take_turns`).
+    static TURNS: RefCell<Vec<Option<u64>>> = const { RefCell::new(Vec::new()) };
+    /// Nodes whose next step takes the turn there, and how long it may wait (`begin_step`).
+    static TURN_NEXT: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
     static DATABASE: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
@@ -366,24 +373,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             .map(|x| x.node)
             .collect()
     });
-    if let (true, Some(node)) = (snapshot_isolation, first_remote) {
+    if let (true, false, Some(node)) = (snapshot_isolation, one_leaseholder, first_remote) {
+        // A READ ONLY transaction under these levels reads where its first remote statement
+        // went: one snapshot.
         refuse_dynamic(node);
-        // REPEATABLE READ and SERIALIZABLE need one snapshot and one place where conflicts
-        // are seen: the transaction's reads and writes go where its first remote statement
-        // went, which must lease what they touch.
-        if one_leaseholder {
-            let how = sidecar::RouteHow {
-                write: true,
-                modifies,
-                one_leaseholder: true,
-                ..Default::default()
-            };
-            match sidecar::route_with(database(), targets, txn_nodes, how) {
-                Ok(r) if !r.enabled || (r.forward_to == Some(node) && r.split.is_empty()) => {}
-                Ok(r) => refuse_second_leaseholder(&format!("node {node}"), r.forward_to),
-                Err(e) => e.raise(),
-            }
-        }
         forward_to(node);
         return;
     }
@@ -450,6 +443,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             },
         ) => {
             if one_leaseholder {
+                take_turns(None).or_raise();
                 SNAPSHOT_HERE.with(|l| l.set(true));
             }
             if !write {
@@ -504,12 +498,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             ..
         }) => {
             refuse_dynamic(node);
-            if snapshot_isolation
-                && (SNAPSHOT_HERE.with(Cell::get)
-                    || (replication::has_local_changes()
-                        && !replication::local_changes_keys_only()))
-            {
-                refuse_second_leaseholder("this node", Some(node));
+            if one_leaseholder {
+                take_turns(Some(node)).or_raise();
             }
             forward_to(node);
         }
@@ -541,20 +531,6 @@ unsafe fn names_its_parameters(qd: &pg_sys::QueryDesc) -> bool {
         let b = sql.as_bytes();
         !b.windows(2).any(|w| w[0] == b'$' && w[1].is_ascii_digit())
     }
-}
-
-/// Refuses a REPEATABLE READ or SERIALIZABLE transaction's statement that would take it to a
-/// second leaseholder: it runs on `first`, and the statement's rows are leased on `next`
-/// (`None`: this node).
-fn refuse_second_leaseholder(first: &str, next: Option<u64>) -> ! {
-    let next = next.map_or("this node".to_string(), |n| format!("node {n}"));
-    MrError::WriteNotServed {
-        message: format!(
-            "this REPEATABLE READ or SERIALIZABLE transaction runs on {first}, which leases the rows it touched first, and this statement touches rows leased on {next}"
-        ),
-        hint: mr_wire::local::ONE_LEASEHOLDER_HINT.into(),
-    }
-    .raise()
 }
 
 /// While serving another node's statement: a foreign key trigger's query over rows leased
@@ -634,6 +610,163 @@ pub(crate) fn refuse_with_schema_change(node: u64) {
     if crate::regions::has_pending_schema_change() {
         MrError::SchemaChangePending { node }.raise();
     }
+}
+
+/// Whether this transaction is read-write under REPEATABLE READ or SERIALIZABLE.
+#[allow(unsafe_code)]
+fn snapshot_read_write() -> bool {
+    // SAFETY: reads backend globals.
+    unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 && !pg_sys::XactReadOnly }
+}
+
+/// The nodes this transaction has a part on whose snapshot and conflicts matter (`None`: this
+/// node): parts holding only global key changes read nothing.
+fn turn_parts() -> Vec<Option<u64>> {
+    let here = SNAPSHOT_HERE.with(Cell::get)
+        || LOCAL_PART.with(Cell::get)
+        || (replication::has_local_changes() && !replication::local_changes_keys_only());
+    let mut parts: Vec<Option<u64>> = here.then_some(None).into_iter().collect();
+    REMOTE.with(|r| {
+        for x in r.borrow().iter().filter(|x| !x.keys_only) {
+            if !parts.contains(&Some(x.node)) {
+                parts.push(Some(x.node));
+            }
+        }
+    });
+    parts
+}
+
+/// Before a read-write REPEATABLE READ or SERIALIZABLE transaction runs a statement on `dest`
+/// (`None`: this node), or commits (`dest` one of its parts): once it has parts on two nodes
+/// or more, each of them holds that node's turn (ARCHITECTURE.md §8.5, "Isolation"). A part
+/// already there takes it now (this node's at once, another's by a step of its own), `dest`
+/// with the statement's step. PostgreSQL serializes each node's transactions, and the turns
+/// order the transactions over several nodes the same way on every node they share.
+fn take_turns(dest: Option<u64>) -> Result<(), MrError> {
+    if !snapshot_read_write() {
+        return Ok(());
+    }
+    let mut parts = turn_parts();
+    if !parts.contains(&dest) {
+        parts.push(dest);
+    }
+    hold_turns(&parts, dest)
+}
+
+/// Makes each of `parts` hold its node's turn, if there are two or more; `with_step`'s is
+/// taken by the next step sent there.
+fn hold_turns(parts: &[Option<u64>], with_step: Option<u64>) -> Result<(), MrError> {
+    if parts.len() < 2 {
+        return Ok(());
+    }
+    for &part in parts {
+        if TURNS.with(|t| t.borrow().contains(&part)) {
+            continue;
+        }
+        // Holding a turn, wait only briefly for the next: two transactions that took their
+        // first turns on different nodes and now want each other's must not both wait out
+        // the lock timeout.
+        let wait_ms = match (turn_wait_ms(), TURNS.with(|t| t.borrow().is_empty())) {
+            (ms, true) => ms,
+            (0, false) => HOLDING_TURN_WAIT_MS,
+            (ms, false) => ms.min(HOLDING_TURN_WAIT_MS),
+        };
+        match part {
+            None => take_turn_here(wait_ms)?,
+            Some(node) if with_step == Some(node) => {
+                TURN_NEXT.with(|t| t.borrow_mut().push((node, wait_ms)))
+            }
+            Some(node) => take_turn_there(node, wait_ms)?,
+        }
+        TURNS.with(|t| t.borrow_mut().push(part));
+    }
+    Ok(())
+}
+
+/// How long a transaction holding a turn waits for another, in milliseconds.
+const HOLDING_TURN_WAIT_MS: u64 = 200;
+
+/// How long a turn is waited for, in milliseconds (0: as long as it takes): as long as a
+/// lock of a transaction over several nodes.
+fn turn_wait_ms() -> u64 {
+    lock_timeout_for_parts().unwrap_or(0)
+}
+
+/// Takes this node's turn: the lock of `multiregion.turn` (waited for without a statement
+/// of this backend waiting, up to `wait_ms`; 0: as long as it takes), then an update of its row, which fails
+/// with 40001 if another transaction over several nodes committed here after this one's
+/// snapshot. As the bootstrap superuser: the table is the extension's.
+#[allow(unsafe_code)]
+fn take_turn_here(wait_ms: u64) -> Result<(), MrError> {
+    crate::sequences::as_superuser(|| {
+        let relid = crate::regions::spi::read_one(
+            "SELECT 'multiregion.turn'::pg_catalog.regclass::pg_catalog.oid::text",
+            vec![],
+        )
+        .and_then(|o| o.parse::<u32>().ok())
+        .map_or(pg_sys::InvalidOid, pg_sys::Oid::from);
+        let since = std::time::Instant::now();
+        loop {
+            // SAFETY: inside a transaction; a lock taken here is the transaction's, released
+            // at its end (or at the end of the subtransaction that took it).
+            let locked = unsafe {
+                pg_sys::ConditionalLockRelationOid(relid, pg_sys::ExclusiveLock as pg_sys::LOCKMODE)
+            };
+            if locked {
+                break;
+            }
+            if wait_ms > 0 && since.elapsed().as_millis() as u64 >= wait_ms {
+                return Err(MrError::TurnBusy { wait_ms });
+            }
+            // SAFETY: sleeping in a backend; interrupts are checked after.
+            unsafe { pg_sys::pg_usleep(1000) };
+            pgrx::check_for_interrupts!();
+        }
+        crate::regions::spi::run_with("UPDATE multiregion.turn SET taken = taken + 1", vec![]);
+        Ok(())
+    })
+}
+
+/// Takes `node`'s turn in this transaction's session there, by a step of its own.
+fn take_turn_there(node: u64, wait_ms: u64) -> Result<(), MrError> {
+    let open = OPEN_SUBS.with(|o| o.borrow().clone());
+    let req = REMOTE.with(|r| {
+        let mut r = r.borrow_mut();
+        let r = r.iter_mut().find(|x| x.node == node)?;
+        Some(ForwardRequest {
+            session: r.session.clone(),
+            backend_pid: backend_pid(),
+            begin: None,
+            savepoints: savepoints_to_send(r, &open),
+            statement: None,
+            finish: None,
+            turn: Some(wait_ms),
+        })
+    });
+    match req {
+        Some(req) => sidecar::forward(node, req).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// Whether this step to `node` takes the turn there, as `take_turns` decided.
+fn turn_for_step(node: u64) -> Option<u64> {
+    TURN_NEXT.with(|t| {
+        let mut t = t.borrow_mut();
+        let at = t.iter().position(|&(n, _)| n == node)?;
+        Some(t.remove(at).1)
+    })
+}
+
+/// The savepoint operations to send with the next step to `r`: those pending, then a
+/// savepoint for each of `open` it lacks.
+fn savepoints_to_send(r: &mut RemoteTxn, open: &[u32]) -> Vec<SavepointOp> {
+    let mut savepoints = std::mem::take(&mut r.pending);
+    for id in open.iter().skip(r.savepoints.len()) {
+        savepoints.push(SavepointOp::Savepoint(*id));
+        r.savepoints.push(*id);
+    }
+    savepoints
 }
 
 /// The lock timeout for statements of a transaction with parts on several nodes: no
@@ -1405,18 +1538,14 @@ fn begin_step(
                 .collect();
             r.settings = now;
             r.keys_only &= keys_only;
-            let mut savepoints = std::mem::take(&mut r.pending);
-            for id in open.iter().skip(r.savepoints.len()) {
-                savepoints.push(SavepointOp::Savepoint(*id));
-                r.savepoints.push(*id);
-            }
             ForwardRequest {
                 session: r.session.clone(),
                 backend_pid: backend_pid(),
                 begin: None,
-                savepoints,
+                savepoints: savepoints_to_send(r, &open),
                 statement: Some(statement),
                 finish: None,
+                turn: turn_for_step(node),
             }
         });
         (req, None)
@@ -1434,6 +1563,7 @@ fn begin_step(
             savepoints: open.iter().map(|id| SavepointOp::Savepoint(*id)).collect(),
             statement: Some(statement),
             finish: autocommit.then_some(Finish::Commit),
+            turn: turn_for_step(node),
         };
         let pin = (!autocommit).then(|| RemoteTxn {
             node,
@@ -2070,6 +2200,19 @@ unsafe fn begin_info() -> Result<ForwardBegin, MrError> {
 /// backend's own changes as one of the parts. Needs an active snapshot (SPI).
 #[allow(unsafe_code)]
 pub fn pre_commit() -> Result<(), MrError> {
+    // Under REPEATABLE READ and SERIALIZABLE, every part of a transaction over several nodes
+    // holds its node's turn until it commits (again after a rollback to a savepoint undid
+    // one; an error here rolls every part back). Its part here, if any, is then one of the
+    // commit's: it must not fail after the others committed, so PostgreSQL's serializable
+    // check runs first.
+    let parts = turn_parts();
+    let turn_here = snapshot_read_write() && parts.len() > 1 && parts.contains(&None);
+    if snapshot_read_write() {
+        hold_turns(&parts, None)?;
+    }
+    if turn_here {
+        replication::serializable_pre_commit();
+    }
     // SAFETY: reads a backend global.
     let read_committed = unsafe { pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 };
     // Under READ COMMITTED a part that only read and locked rows has nothing to commit: it
@@ -2085,29 +2228,18 @@ pub fn pre_commit() -> Result<(), MrError> {
         *r = readers;
         writers
     });
-    match remotes.as_slice() {
-        [] => return Ok(()),
-        [one] if !replication::has_local_changes() => return finish(one, Finish::Commit),
-        _ => {}
-    }
     let roll_back = |remotes: &[RemoteTxn]| {
         for r in remotes {
             let _ = finish(r, Finish::Rollback);
         }
     };
-    // Parts holding only global key changes do not count: their statements read nothing the
-    // transaction's snapshot must agree with, and a key another transaction took since it
-    // began is a serialization failure there.
-    let general = remotes.iter().filter(|r| !r.keys_only).count()
-        + usize::from(replication::has_local_changes() && !replication::local_changes_keys_only());
-    // SAFETY: reads a backend global.
-    if general > 1 && unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
-        // Statements are kept on one node under these levels; this is a backstop.
-        roll_back(&remotes);
-        return Err(MrError::WriteNotServed {
-            message: "this REPEATABLE READ or SERIALIZABLE transaction has parts on several nodes".into(),
-            hint: "Use READ COMMITTED for transactions over several leaseholders, or split the transaction.".into(),
-        });
+
+    match remotes.as_slice() {
+        [] => return Ok(()),
+        [one] if !replication::has_local_changes() && !turn_here => {
+            return finish(one, Finish::Commit)
+        }
+        _ => {}
     }
     let local = match replication::take_write() {
         Ok(local) => local,
@@ -2147,6 +2279,7 @@ fn finish(r: &RemoteTxn, how: Finish) -> Result<(), MrError> {
         savepoints: r.pending.clone(),
         statement: None,
         finish: Some(how),
+        turn: None,
     };
     sidecar::forward(r.node, req).map(|_| ())
 }
@@ -2171,6 +2304,8 @@ pub fn at_end(aborted: bool) {
     OPEN_SUBS.with(|o| o.borrow_mut().clear());
     LOCAL_PART.with(|l| l.set(false));
     SNAPSHOT_HERE.with(|l| l.set(false));
+    TURNS.with(|t| t.borrow_mut().clear());
+    TURN_NEXT.with(|t| t.borrow_mut().clear());
     RUN_DEPTH.with(|d| d.set(0));
     // After a commit only the parts that read and locked rows are left (`pre_commit`):
     // rolled back too, which releases their locks.
@@ -2229,6 +2364,10 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                 }
                 crate::global_keys::sub_aborted(my);
                 crate::ri::sub_aborted();
+                // A turn taken in it is released: taken again before the next statement
+                // elsewhere, or at commit.
+                TURNS.with(|t| t.borrow_mut().clear());
+                TURN_NEXT.with(|t| t.borrow_mut().clear());
             }
         }
         _ => {}

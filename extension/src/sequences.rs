@@ -570,7 +570,7 @@ fn local_nextval(oid: pg_sys::Oid) -> i64 {
 /// Runs `f` as the bootstrap superuser (reading and moving this node's copy of a sequence
 /// the caller may only use); the (sub)transaction's abort restores the user on error.
 #[allow(unsafe_code)]
-fn as_superuser<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn as_superuser<R>(f: impl FnOnce() -> R) -> R {
     let (mut user, mut context) = (pg_sys::InvalidOid, 0);
     // SAFETY: reads and writes the backend's current user id, as SECURITY DEFINER does.
     unsafe {

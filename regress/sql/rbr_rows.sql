@@ -241,3 +241,17 @@ SELECT count(*) FROM accounts a JOIN flags f USING (id);
 ROLLBACK;
 SELECT string_agg(owner, ',' ORDER BY id) FROM accounts;
 DROP TABLE flags;
+
+-- SERIALIZABLE over both leaseholders, through node 2: a read of node 1's row, then a write
+-- of node 2's, commits; each node's turn travels with the statement that goes there (it was
+-- refused). One statement over both leaseholders is still refused (0A000).
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT owner FROM accounts WHERE crdb_region = 'us-east1' AND id = 1;
+UPDATE accounts SET owner = owner || '+' WHERE crdb_region = 'us-west1' AND id = 2;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM accounts;
+\set VERBOSITY default
+ROLLBACK;
+SELECT id, owner, crdb_region FROM accounts ORDER BY id;

@@ -230,6 +230,7 @@ impl Ranges {
                     savepoints: Vec::new(),
                     statement: None,
                     finish: Some(Finish::Rollback),
+                    turn: None,
                 }));
                 if let Ok(PeerResponse::Exec { .. }) =
                     transport.call(&addr, req, Duration::from_secs(2)).await
@@ -278,7 +279,7 @@ impl Ranges {
             .cloned();
         let remote = match (existing, &req.begin) {
             (Some(r), _) => r,
-            (None, Some(begin)) => match self.begin_remote(origin, begin).await {
+            (None, Some(begin)) => match self.begin_remote(origin, begin, req.turn).await {
                 Ok(r) => {
                     let r = Arc::new(r);
                     self.sessions
@@ -326,7 +327,7 @@ impl Ranges {
         let Some(conn) = guard.as_mut() else {
             return LocalResponse::SqlError(gone(self.me));
         };
-        let outcome = run_steps(conn, &remote, &req).await;
+        let outcome = run_steps(conn, &remote, &req, self.me).await;
         let mut broken = matches!(&outcome, Err(Step::Broken(_)));
         if req.finish.is_some() && matches!(&outcome, Err(Step::Sql(_))) {
             // A step failed before the finish ran: the transaction is still open there.
@@ -373,6 +374,7 @@ impl Ranges {
         &self,
         origin: u64,
         begin: &mr_wire::local::ForwardBegin,
+        turn: Option<u64>,
     ) -> Result<Remote, SqlError> {
         let pooled = self
             .sessions
@@ -417,6 +419,11 @@ impl Ranges {
             .execute(&mut conn)
             .await
             .map_err(|e| sql_error(&e))?;
+        // Before anything takes the transaction's snapshot: a wait for the turn then leaves
+        // it after the holder's commit.
+        if let Some(wait_ms) = turn {
+            take_turn(&mut conn, wait_ms, self.me).await?;
+        }
         let (names, values): (Vec<String>, Vec<String>) = begin.settings.iter().cloned().unzip();
         sqlx::query(
             "SELECT pg_catalog.set_config(k, v, true) FROM unnest($1::text[], $2::text[]) AS s(k, v)",
@@ -507,6 +514,7 @@ impl Ranges {
                     savepoints: Vec::new(),
                     statement: None,
                     finish: Some(Finish::Rollback),
+                    turn: None,
                 };
                 let _ = self.forward(node, req).await;
             }
@@ -564,6 +572,62 @@ impl Ranges {
     }
 }
 
+/// Takes this node's turn for transactions over several nodes (ARCHITECTURE.md §8.5,
+/// "Isolation"): the lock of `multiregion.turn`, held until the transaction ends here, so
+/// that no two such transactions overlap on this node, and an update of its row, which fails
+/// with 40001 if one of them committed here after this transaction's snapshot was taken.
+async fn take_turn(conn: &mut PgConnection, wait_ms: u64, me: u64) -> Result<(), SqlError> {
+    let busy = |e: sqlx::Error| {
+        let mut e = sql_error(&e);
+        match e.code.as_str() {
+            "55P03" => {
+                e.code = "40001".into();
+                e.message = format!(
+                    "could not serialize access: node {me}'s turn for transactions over several nodes was held by another one for {wait_ms} ms"
+                );
+                e.hint = Some("Retry the transaction.".into());
+            }
+            "40001" => {
+                e.message = format!(
+                    "could not serialize access: another transaction over several nodes committed on node {me} after this transaction began there"
+                );
+                e.hint = Some("Retry the transaction.".into());
+            }
+            _ => {}
+        }
+        e
+    };
+    // SHOW and SET take no snapshot: the lock is waited for before any is taken.
+    let before: String = sqlx::query_scalar("SHOW lock_timeout")
+        .persistent(false)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(busy)?;
+    let set = format!("SET LOCAL lock_timeout = {wait_ms}");
+    sqlx::query(&set)
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+        .map_err(busy)?;
+    sqlx::query("LOCK TABLE multiregion.turn IN EXCLUSIVE MODE")
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+        .map_err(busy)?;
+    sqlx::query("UPDATE multiregion.turn SET taken = taken + 1")
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+        .map_err(busy)?;
+    sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
+        .bind(before)
+        .persistent(false)
+        .execute(&mut *conn)
+        .await
+        .map_err(busy)?;
+    Ok(())
+}
+
 enum Step {
     /// The statement failed; the session goes on (a savepoint may undo it).
     Sql(SqlError),
@@ -619,6 +683,7 @@ async fn run_steps(
     conn: &mut PgConnection,
     remote: &Remote,
     req: &ForwardRequest,
+    me: u64,
 ) -> Result<Outcome, Step> {
     for op in &req.savepoints {
         let sql = op.sql();
@@ -631,6 +696,13 @@ async fn run_steps(
         }
         if matches!(op, mr_wire::local::SavepointOp::RollbackTo(_)) {
             remote.failed.store(false, Ordering::SeqCst);
+        }
+    }
+    // Taken again after a rollback to a savepoint undid it (the origin asks again).
+    if let Some(wait_ms) = req.turn {
+        if let Err(e) = take_turn(conn, wait_ms, me).await {
+            remote.failed.store(true, Ordering::SeqCst);
+            return Err(Step::Sql(e));
         }
     }
     // A step without a statement (savepoints only) says nothing about writes: assume some.

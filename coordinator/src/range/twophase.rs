@@ -386,6 +386,7 @@ impl Ranges {
                 savepoints: part.savepoints.clone(),
                 statement: None,
                 finish: Some(Finish::Prepare(p.clone())),
+                turn: None,
             };
             self.forward(part.node_id, req)
         }));

@@ -367,6 +367,12 @@ pub struct ForwardRequest {
     pub statement: Option<ForwardStatement>,
     #[serde(default)]
     pub finish: Option<Finish>,
+    /// Take this node's turn for transactions over several nodes before the statement,
+    /// waiting at most this many milliseconds for it (0: as long as it takes). A read-write
+    /// REPEATABLE READ or SERIALIZABLE transaction with parts on several nodes holds each
+    /// one's turn until it commits there (ARCHITECTURE.md §8.5, "Isolation").
+    #[serde(default)]
+    pub turn: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -386,9 +392,9 @@ pub struct ForwardBegin {
     pub schema_version: u64,
 }
 
-/// How a read-write REPEATABLE READ or SERIALIZABLE transaction stays on one leaseholder: the
+/// How a read-write REPEATABLE READ or SERIALIZABLE statement stays on one leaseholder: the
 /// hint of every refusal that keeps it there (pgmr's and the extension's).
-pub const ONE_LEASEHOLDER_HINT: &str = "Under REPEATABLE READ and SERIALIZABLE a read-write transaction runs on the one node that leases every row it touches (its snapshot and its conflicts are that node's): name the rows' region so that it touches ranges leased on one node, use READ COMMITTED (two-phase commit across leaseholders), or make the transaction READ ONLY.";
+pub const ONE_LEASEHOLDER_HINT: &str = "Under REPEATABLE READ and SERIALIZABLE each statement of a read-write transaction runs on the one node that leases every row it touches (its snapshot and its conflicts there are that node's): name the rows' region so that the statement touches ranges leased on one node, write one statement per region, use READ COMMITTED, or make the transaction READ ONLY.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
