@@ -2982,7 +2982,10 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
             .flatten()
             .map(code)
             .collect();
-        assert!(!codes.is_empty(), "both sides of a concurrent write skew committed");
+        assert!(
+            !codes.is_empty(),
+            "both sides of a concurrent write skew committed"
+        );
         assert!(
             codes.iter().all(|c| c == "40001" || c == "55P03"),
             "{te:?} {tw:?}"
@@ -3004,7 +3007,11 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
     let mut workers = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let mut c = connect(node, "mr").await.unwrap();
-        let (region, id) = if i % 2 == 0 { ("us-east1", 1) } else { ("us-west1", 2) };
+        let (region, id) = if i % 2 == 0 {
+            ("us-east1", 1)
+        } else {
+            ("us-west1", 2)
+        };
         let take = take_other(region, id, 300);
         workers.push(tokio::spawn(async move {
             let mut committed = 0i64;
@@ -3104,14 +3111,16 @@ async fn withdraw_if_covered(c: &mut PgConnection, take: &str) -> Result<Option<
     sqlx::query("BEGIN ISOLATION LEVEL SERIALIZABLE")
         .execute(&mut *c)
         .await?;
-    let a: i64 =
-        sqlx::query_scalar("SELECT balance FROM accounts WHERE crdb_region = 'us-east1' AND id = 1")
-            .fetch_one(&mut *c)
-            .await?;
-    let b: i64 =
-        sqlx::query_scalar("SELECT balance FROM accounts WHERE crdb_region = 'us-west1' AND id = 2")
-            .fetch_one(&mut *c)
-            .await?;
+    let a: i64 = sqlx::query_scalar(
+        "SELECT balance FROM accounts WHERE crdb_region = 'us-east1' AND id = 1",
+    )
+    .fetch_one(&mut *c)
+    .await?;
+    let b: i64 = sqlx::query_scalar(
+        "SELECT balance FROM accounts WHERE crdb_region = 'us-west1' AND id = 2",
+    )
+    .fetch_one(&mut *c)
+    .await?;
     if a + b < 300 {
         sqlx::query("COMMIT").execute(&mut *c).await?;
         return Ok(None);
