@@ -2909,8 +2909,10 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
 /// skew run one after the other and run at once commits at most one side (40001 for the
 /// other), and withdrawals that each read two regions' accounts never overdraw their sum,
 /// through every node at once. A transfer between regions, a REPEATABLE READ transaction
-/// over two leaseholders and a rollback to a savepoint that undid a turn commit; one
-/// statement over several leaseholders is still refused (0A000).
+/// over two leaseholders and a rollback to a savepoint that undid a turn commit. One
+/// statement over several leaseholders reads or writes each through its leaseholder (the
+/// skew over an aggregate of both accounts commits one side only); a split write whose
+/// shares would read copies is refused (0A000).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serializable_transactions_over_several_leaseholders_commit_no_write_skew() {
     let dir = scratch("data-serializable");
@@ -3076,16 +3078,55 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
     exec(&mut west, "ROLLBACK TO SAVEPOINT s").await;
     exec(&mut west, "COMMIT").await;
 
-    // One statement over several leaseholders: refused, not read outside the snapshot and
-    // conflicts of any leaseholder.
+    // One statement over several leaseholders reads each through its leaseholder, in the
+    // transaction's session there (gathered, or split over the partitions), holding each
+    // node's turn: the same skew with each side reading both accounts at once commits one
+    // side only. A split write whose shares would read another table from their copies is
+    // still refused (0A000).
+    // East's read holds both nodes' turns; west's, begun before east commits, waits for
+    // them and then finds east committed after its snapshot: 40001 (a read of the old sum
+    // followed by a write would be the other side of a skew).
+    let both = "SELECT sum(balance)::int8 FROM accounts WHERE id IN (1, 2)";
     exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
-    let err =
-        sqlx::query_scalar::<_, i64>("SELECT sum(balance)::int8 FROM accounts WHERE id IN (1, 2)")
-            .fetch_one(&mut east)
-            .await
-            .expect_err("a read over several leaseholders");
+    let se: i64 = sqlx::query_scalar(both).fetch_one(&mut east).await.unwrap();
+    assert_eq!(se, 899 + 1100);
+    exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    let take = format!("{}; COMMIT", take_other("us-east1", 1, 99));
+    let (sw, committed) = tokio::join!(
+        sqlx::query_scalar::<_, i64>(both).fetch_one(&mut west),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            sqlx::raw_sql(&take).execute(&mut east).await
+        }
+    );
+    committed.expect("the first side commits");
+    let err = sw.expect_err("a read over both nodes while another transaction held their turns");
+    assert_eq!(code(&err), "40001", "{err}");
+    exec(&mut west, "ROLLBACK").await;
+    exec(&mut eu, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    let n = sqlx::raw_sql("UPDATE accounts SET balance = balance + 1")
+        .execute(&mut eu)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(n, 3, "one UPDATE split over the three leaseholders");
+    let rows: Vec<(i32, i64)> = sqlx::query_as("SELECT id, balance FROM accounts ORDER BY id")
+        .fetch_all(&mut eu)
+        .await
+        .unwrap();
+    assert_eq!(rows, vec![(1, 801), (2, 1101), (3, 1001)]);
+    let err = sqlx::raw_sql(
+        "UPDATE accounts SET balance = balance - 1 WHERE id IN (SELECT id FROM accounts WHERE balance > 1000)",
+    )
+    .execute(&mut eu)
+    .await
+    .expect_err("a split write whose shares read copies");
     assert_eq!(code(&err), "0A000", "{err}");
-    exec(&mut east, "ROLLBACK").await;
+    exec(&mut eu, "ROLLBACK").await;
+    exec(&mut eu, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    exec(&mut eu, "UPDATE accounts SET balance = balance + 1").await;
+    exec(&mut eu, "UPDATE accounts SET balance = balance - 1").await;
+    exec(&mut eu, "COMMIT").await;
 
     // READ ONLY reads every region from this node's copies.
     exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY").await;
@@ -3093,12 +3134,12 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
         .fetch_one(&mut east)
         .await
         .unwrap();
-    assert_eq!(total, 3000 - 1);
+    assert_eq!(total, 3000 - 1 - 99);
     exec(&mut east, "COMMIT").await;
     let b = balances_converged(&nodes).await;
     assert_eq!(
         b.iter().map(|r| (r.1, r.2)).collect::<Vec<_>>(),
-        vec![(1, 899), (2, 1100), (3, 1000)],
+        vec![(1, 800), (2, 1100), (3, 1000)],
         "{b:?}"
     );
     no_prepared_transactions(&nodes).await;

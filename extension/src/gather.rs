@@ -704,7 +704,8 @@ pub(crate) unsafe extern "C-unwind" fn only_of(
 /// read barrier, it needs no gathering): it holds a replica of every range, and none of them
 /// is leased on another node where this transaction has changed rows. Those changes are
 /// only there, uncommitted: gathered, the table is read through its leaseholders in the
-/// transaction's sessions on them, which see them.
+/// transaction's sessions on them, which see them. For a read-write REPEATABLE READ or
+/// SERIALIZABLE transaction, only a table whose every range is leased here.
 pub(crate) fn held_here(table: pg_sys::Oid) -> bool {
     let Ok((schema, name)) = qualified(table) else {
         return false;
@@ -717,9 +718,15 @@ pub(crate) fn held_here(table: pg_sys::Oid) -> bool {
     match crate::sidecar::table_ranges(crate::routing::database(), vec![table]) {
         Ok(Some(ranges)) => {
             let changed = crate::routing::changed_on();
+            // A read-write REPEATABLE READ or SERIALIZABLE transaction reads where the rows
+            // are leased: a copy is outside that node's snapshot and conflicts.
+            let copies = !crate::routing::snapshot_read_write();
             !ranges.is_empty()
                 && ranges.iter().all(|r| {
-                    r.held && (r.here || !r.leaseholder.is_some_and(|h| changed.contains(&h)))
+                    r.here
+                        || (copies
+                            && r.held
+                            && !r.leaseholder.is_some_and(|h| changed.contains(&h)))
                 })
         }
         Ok(None) => true,

@@ -333,11 +333,16 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     };
     // SAFETY: reads a backend global.
     let snapshot_isolation = unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 };
-    // An UPDATE or DELETE of one REGIONAL BY ROW table over partitions leased on several
-    // nodes runs on each leaseholder over its own partitions, as parts of one transaction
-    // (READ COMMITTED: two-phase commit over the parts).
+    // A read-write transaction under these levels reads where the rows are leased (its
+    // snapshot and serializable conflicts there), holding each node's turn once it has parts
+    // on several. (A READ ONLY one may read copies: it writes nothing a skew could break.)
+    // SAFETY: reads a backend global.
+    let one_leaseholder = snapshot_isolation && unsafe { !pg_sys::XactReadOnly };
+    // An UPDATE or DELETE (or a plain scan) of one REGIONAL BY ROW table over partitions
+    // leased on several nodes runs on each leaseholder over its own partitions, as parts of
+    // one transaction (two-phase commit over the parts).
     // SAFETY: as this function's contract.
-    let splittable = !snapshot_isolation
+    let splittable = (!snapshot_isolation || one_leaseholder)
         && !dynamic_params
         && !rewritten
         && unsafe { replication::splittable(qd) };
@@ -356,13 +361,14 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     } else {
         None
     };
+    // Under REPEATABLE READ and SERIALIZABLE a share reads other tables from the copies
+    // where it runs, outside their leaseholders' snapshots: not split.
+    let (splittable, split_reads) = match split_reads {
+        Some(_) if one_leaseholder => (false, None),
+        reads => (splittable, reads),
+    };
     // Parts that only hold global key changes pin nothing.
     let first_remote = REMOTE.with(|r| r.borrow().iter().find(|r| !r.keys_only).map(|r| r.node));
-    // A read-write transaction under these levels runs on one leaseholder: its snapshot and
-    // its serializable conflicts are that node's, and neither sees another node's rows. (A
-    // READ ONLY one may read copies: it writes nothing a skew could break.)
-    // SAFETY: reads a backend global.
-    let one_leaseholder = snapshot_isolation && unsafe { !pg_sys::XactReadOnly };
     // The nodes where this transaction has changes this node's copies lack. Under READ
     // COMMITTED a part that only read (a split read's share, a foreign key's check) has
     // none: reads need not go where it is.
@@ -394,8 +400,11 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         // leaseholders after (READ COMMITTED: each gathered table is read as of its own
         // leaseholders' statement, as a read's are).
         // SAFETY: as this function's contract.
+        // Under REPEATABLE READ and SERIALIZABLE a read over several leaseholders is
+        // gathered too, every table not leased here read through its leaseholders.
         may_gather: (!write
-            || (qd.operation == pg_sys::CmdType::CMD_INSERT && !snapshot_isolation && !rewritten))
+            || (qd.operation == pg_sys::CmdType::CMD_INSERT && !snapshot_isolation && !rewritten)
+            || (one_leaseholder && !modifies && qd.operation == pg_sys::CmdType::CMD_SELECT))
             && !dynamic_params
             && unsafe { crate::gather::may_replan(qd) },
         inserted,
@@ -414,6 +423,10 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 refuse_with_schema_change(node);
                 // SAFETY: as this function's contract.
                 unsafe { refuse_unsendable(qd, node) };
+            }
+            if one_leaseholder {
+                let nodes: Vec<Option<u64>> = r.split.iter().map(|(n, _)| *n).collect();
+                take_turns(&nodes).or_raise();
             }
             let here = r.split.iter().any(|(n, _)| n.is_none());
             let lock_timeout_ms = lock_timeout_for_parts();
@@ -443,7 +456,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             },
         ) => {
             if one_leaseholder {
-                take_turns(None).or_raise();
+                take_turns(&[None]).or_raise();
                 SNAPSHOT_HERE.with(|l| l.set(true));
             }
             if !write {
@@ -499,7 +512,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         }) => {
             refuse_dynamic(node);
             if one_leaseholder {
-                take_turns(Some(node)).or_raise();
+                take_turns(&[Some(node)]).or_raise();
             }
             forward_to(node);
         }
@@ -614,7 +627,7 @@ pub(crate) fn refuse_with_schema_change(node: u64) {
 
 /// Whether this transaction is read-write under REPEATABLE READ or SERIALIZABLE.
 #[allow(unsafe_code)]
-fn snapshot_read_write() -> bool {
+pub(crate) fn snapshot_read_write() -> bool {
     // SAFETY: reads backend globals.
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 && !pg_sys::XactReadOnly }
 }
@@ -636,26 +649,29 @@ fn turn_parts() -> Vec<Option<u64>> {
     parts
 }
 
-/// Before a read-write REPEATABLE READ or SERIALIZABLE transaction runs a statement on `dest`
-/// (`None`: this node), or commits (`dest` one of its parts): once it has parts on two nodes
-/// or more, each of them holds that node's turn (ARCHITECTURE.md §8.5, "Isolation"). A part
-/// already there takes it now (this node's at once, another's by a step of its own), `dest`
-/// with the statement's step. PostgreSQL serializes each node's transactions, and the turns
+/// Before a read-write REPEATABLE READ or SERIALIZABLE transaction runs a statement on
+/// `dests` (`None`: this node; several: a split statement's shares): once it has parts on two
+/// nodes or more, each of them holds that node's turn (ARCHITECTURE.md §8.5, "Isolation"). A
+/// part already there takes it now (this node's at once, another's by a step of its own),
+/// `dests` with the statement's steps. PostgreSQL serializes each node's transactions, and the turns
 /// order the transactions over several nodes the same way on every node they share.
-fn take_turns(dest: Option<u64>) -> Result<(), MrError> {
+fn take_turns(dests: &[Option<u64>]) -> Result<(), MrError> {
     if !snapshot_read_write() {
         return Ok(());
     }
     let mut parts = turn_parts();
-    if !parts.contains(&dest) {
-        parts.push(dest);
+    for dest in dests {
+        if !parts.contains(dest) {
+            parts.push(*dest);
+        }
     }
-    hold_turns(&parts, dest)
+    let with_step: Vec<u64> = dests.iter().flatten().copied().collect();
+    hold_turns(&parts, &with_step)
 }
 
-/// Makes each of `parts` hold its node's turn, if there are two or more; `with_step`'s is
-/// taken by the next step sent there.
-fn hold_turns(parts: &[Option<u64>], with_step: Option<u64>) -> Result<(), MrError> {
+/// Makes each of `parts` hold its node's turn, if there are two or more; those of the nodes
+/// `with_step` by the next step sent there.
+fn hold_turns(parts: &[Option<u64>], with_step: &[u64]) -> Result<(), MrError> {
     if parts.len() < 2 {
         return Ok(());
     }
@@ -673,7 +689,7 @@ fn hold_turns(parts: &[Option<u64>], with_step: Option<u64>) -> Result<(), MrErr
         };
         match part {
             None => take_turn_here(wait_ms)?,
-            Some(node) if with_step == Some(node) => {
+            Some(node) if with_step.contains(&node) => {
                 TURN_NEXT.with(|t| t.borrow_mut().push((node, wait_ms)))
             }
             Some(node) => take_turn_there(node, wait_ms)?,
@@ -2208,7 +2224,7 @@ pub fn pre_commit() -> Result<(), MrError> {
     let parts = turn_parts();
     let turn_here = snapshot_read_write() && parts.len() > 1 && parts.contains(&None);
     if snapshot_read_write() {
-        hold_turns(&parts, None)?;
+        hold_turns(&parts, &[])?;
     }
     if turn_here {
         replication::serializable_pre_commit();

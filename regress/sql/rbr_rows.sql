@@ -244,14 +244,18 @@ DROP TABLE flags;
 
 -- SERIALIZABLE over both leaseholders, through node 2: a read of node 1's row, then a write
 -- of node 2's, commits; each node's turn travels with the statement that goes there (it was
--- refused). One statement over both leaseholders is still refused (0A000).
+-- refused). A statement over both is read or written through each leaseholder (also
+-- refused before), except a split write whose shares would read copies (0A000).
 BEGIN ISOLATION LEVEL SERIALIZABLE;
 SELECT owner FROM accounts WHERE crdb_region = 'us-east1' AND id = 1;
 UPDATE accounts SET owner = owner || '+' WHERE crdb_region = 'us-west1' AND id = 2;
 COMMIT;
 BEGIN ISOLATION LEVEL SERIALIZABLE;
+SELECT count(*), string_agg(owner, ',' ORDER BY id) FROM accounts;
+UPDATE accounts SET owner = upper(owner);
+SELECT id, owner FROM accounts ORDER BY id;
 \set VERBOSITY sqlstate
-SELECT count(*) FROM accounts;
+UPDATE accounts SET owner = 'x' WHERE id IN (SELECT id FROM accounts WHERE owner > 'A');
 \set VERBOSITY default
 ROLLBACK;
 SELECT id, owner, crdb_region FROM accounts ORDER BY id;

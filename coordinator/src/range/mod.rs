@@ -1523,12 +1523,20 @@ impl Ranges {
                 None => {}
             }
             // A read-write REPEATABLE READ or SERIALIZABLE transaction's snapshot and its
-            // serializable conflicts are the leaseholder's: read here from copies, rows leased
-            // elsewhere would be outside both (a write skew across nodes would commit).
+            // serializable conflicts are the leaseholders': read here from copies, rows leased
+            // elsewhere would be outside both (a write skew across nodes would commit). A
+            // read is gathered instead: every table not leased here is read through its
+            // leaseholders, in the transaction's sessions there.
             if one_leaseholder {
                 if let Some(&(range_id, h)) =
                     read.iter().find(|&&(r, h)| holder(r, h) != Some(self.me))
                 {
+                    if may_gather {
+                        return Ok(Route {
+                            gather: true,
+                            ..here(true)
+                        });
+                    }
                     return Err(WriteError::Unsupported {
                         message: format!(
                             "a read-write REPEATABLE READ or SERIALIZABLE statement must run where every range it reads is leased, and this one reads ranges leased on different nodes (range {range_id}: {})",

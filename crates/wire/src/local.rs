@@ -394,7 +394,7 @@ pub struct ForwardBegin {
 
 /// How a read-write REPEATABLE READ or SERIALIZABLE statement stays on one leaseholder: the
 /// hint of every refusal that keeps it there (pgmr's and the extension's).
-pub const ONE_LEASEHOLDER_HINT: &str = "Under REPEATABLE READ and SERIALIZABLE each statement of a read-write transaction runs on the one node that leases every row it touches (its snapshot and its conflicts there are that node's): name the rows' region so that the statement touches ranges leased on one node, write one statement per region, use READ COMMITTED, or make the transaction READ ONLY.";
+pub const ONE_LEASEHOLDER_HINT: &str = "Under REPEATABLE READ and SERIALIZABLE a read-write transaction reads rows only where they are leased, never from a copy: name the rows' region so that the statement touches ranges leased on one node, write each region's rows in a statement of its own, use READ COMMITTED, or make the transaction READ ONLY.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
