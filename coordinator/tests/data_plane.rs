@@ -1609,8 +1609,9 @@ async fn transactions_over_several_leaseholders_commit_atomically() {
 }
 
 /// One client of the regional bank: transfers of 5 between random accounts of any region,
-/// each one simple-protocol transaction, through the node at `port` until `until`. Returns
-/// the transfers acknowledged, those of unknown outcome (40003), and how many were refused.
+/// each one simple-protocol transaction (SERIALIZABLE for odd `i`, holding each node's turn,
+/// else READ COMMITTED), through the node at `port` until `until`. Returns the transfers
+/// acknowledged, those of unknown outcome (40003), and how many were refused.
 async fn region_bank_client(port: u16, i: u64, until: Instant) -> (Vec<i64>, Vec<i64>, u32) {
     const PER: i32 = 3;
     let mut c = try_connect_db(port, "mr").await;
@@ -1624,7 +1625,12 @@ async fn region_bank_client(port: u16, i: u64, until: Instant) -> (Vec<i64>, Vec
         let to = if to >= from { to + 1 } else { to };
         tid += 1;
         let sql = format!(
-            "BEGIN; {}; {}; COMMIT",
+            "BEGIN{}; {}; {}; COMMIT",
+            if i % 2 == 1 {
+                " ISOLATION LEVEL SERIALIZABLE"
+            } else {
+                ""
+            },
             transfer_sql(from, PER, -5, tid),
             transfer_sql(to, PER, 5, tid)
         );
@@ -1688,6 +1694,8 @@ async fn restart_with_failpoint_probe(
 /// first transaction is rolled back everywhere and the second committed everywhere (its own
 /// part from the anchor's log, the other node's prepared part by that node's applier or
 /// sweep); no prepared transaction is left, and the rows they locked are writable again.
+/// Both are SERIALIZABLE, so the prepared part also held its node's turn: a SERIALIZABLE
+/// transfer over both nodes commits again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt() {
     let dir = scratch("data-2pc-crash");
@@ -1700,7 +1708,7 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
     ] {
         let mut c = restart_with_failpoint(&mut nodes[0], failpoint, PER).await;
         let err = sqlx::raw_sql(&format!(
-            "BEGIN; {}; {}; COMMIT",
+            "BEGIN ISOLATION LEVEL SERIALIZABLE; {}; {}; COMMIT",
             transfer_sql(1, PER, -10, tid),
             transfer_sql(2, PER, 10, tid)
         ))
@@ -1718,10 +1726,19 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
         no_prepared_transactions(&nodes).await;
         let b = balances_converged(&nodes).await;
         assert_eq!((b[0].2, b[1].2), expect, "{failpoint}: {b:?}");
-        // The us-west1 row is not locked any more.
+        // The us-west1 row is not locked any more, nor the us-west1 node's turn.
         let mut w = connect(&nodes[1], "mr").await.unwrap();
         exec(&mut w, "SET lock_timeout = '5s'").await;
         exec(&mut w, &transfer_sql(2, PER, 0, 0)).await;
+        exec(
+            &mut w,
+            &format!(
+                "BEGIN ISOLATION LEVEL SERIALIZABLE; {}; {}; COMMIT",
+                transfer_sql(2, PER, 0, 0),
+                transfer_sql(1, PER, 0, 0)
+            ),
+        )
+        .await;
     }
     check_consistency(&nodes[2]);
 }
@@ -2936,16 +2953,7 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
     // after the other, the second would read what the first left (1000, 0 or 0, 1000).
     // East's commits first; west's snapshot on node 2 predates it, so west's turn there
     // finds a transaction over several nodes committed since: 40001.
-    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
-    exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
-    let x: i64 = sqlx::query_scalar(&read_own("us-east1", 1))
-        .fetch_one(&mut east)
-        .await
-        .unwrap();
-    let y: i64 = sqlx::query_scalar(&read_own("us-west1", 2))
-        .fetch_one(&mut west)
-        .await
-        .unwrap();
+    let (x, y) = begin_skew(&mut east, &mut west).await;
     assert_eq!((x, y), (1000, 1000));
     sqlx::raw_sql(&format!("{}; COMMIT", take_other("us-west1", 2, x)))
         .execute(&mut east)
@@ -2963,16 +2971,7 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
     // The same skew with both sides at once: at most one commits.
     reset_two_accounts(&mut east).await;
     for _ in 0..3 {
-        exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
-        exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
-        let x: i64 = sqlx::query_scalar(&read_own("us-east1", 1))
-            .fetch_one(&mut east)
-            .await
-            .unwrap();
-        let y: i64 = sqlx::query_scalar(&read_own("us-west1", 2))
-            .fetch_one(&mut west)
-            .await
-            .unwrap();
+        let (x, y) = begin_skew(&mut east, &mut west).await;
         let e_sql = format!("{}; COMMIT", take_other("us-west1", 2, x));
         let w_sql = format!("{}; COMMIT", take_other("us-east1", 1, y));
         let (te, tw) = tokio::join!(
@@ -3142,6 +3141,51 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
         vec![(1, 800), (2, 1100), (3, 1000)],
         "{b:?}"
     );
+
+    // A transaction that wrote and then became READ ONLY holds its turns at its commit: T,
+    // through node 1, writes account 2 (node 2) and reads account 1 (node 1) in a savepoint
+    // rolled back (which undid its turns; the read stands), then is made READ ONLY; U,
+    // through node 2, reads account 2 before T commits and writes account 1 after. U must
+    // fail (T's commit on node 2 took the turn U's snapshot there predates; here PostgreSQL's
+    // SSI on node 2 would also catch it through the rolled-back turn's read of the turn row,
+    // so the turn's count there is checked too).
+    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    exec(&mut east, &take_other("us-west1", 2, 0)).await;
+    exec(&mut east, "SAVEPOINT s").await;
+    let _: i64 = sqlx::query_scalar(&read_own("us-east1", 1))
+        .fetch_one(&mut east)
+        .await
+        .unwrap();
+    exec(
+        &mut east,
+        "ROLLBACK TO SAVEPOINT s; RELEASE SAVEPOINT s; SET TRANSACTION READ ONLY",
+    )
+    .await;
+    exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    let _: i64 = sqlx::query_scalar(&read_own("us-west1", 2))
+        .fetch_one(&mut west)
+        .await
+        .unwrap();
+    let turns_taken = || async {
+        let mut c = connect(&nodes[1], "mr").await.unwrap();
+        sqlx::query_scalar::<_, i64>("SELECT taken FROM multiregion.turn")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+    };
+    let before = turns_taken().await;
+    exec(&mut east, "COMMIT").await;
+    assert_eq!(
+        turns_taken().await,
+        before + 1,
+        "T committed on node 2 without taking its turn"
+    );
+    let err = sqlx::raw_sql(&format!("{}; COMMIT", take_other("us-east1", 1, 0)))
+        .execute(&mut west)
+        .await
+        .expect_err("both sides of a write skew committed: T's turns were not held at its commit");
+    assert_eq!(code(&err), "40001", "{err}");
+    exec(&mut west, "ROLLBACK").await;
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }
@@ -3169,6 +3213,24 @@ async fn withdraw_if_covered(c: &mut PgConnection, take: &str) -> Result<Option<
     sqlx::query(take).execute(&mut *c).await?;
     sqlx::query("COMMIT").execute(&mut *c).await?;
     Ok(Some(()))
+}
+
+/// Opens both sides of a write skew: a SERIALIZABLE transaction on each connection, `east`
+/// reading account 1 (us-east1), `west` account 2 (us-west1). Returns what each read.
+async fn begin_skew(east: &mut PgConnection, west: &mut PgConnection) -> (i64, i64) {
+    let mut read = Vec::new();
+    for (c, region, id) in [(east, "us-east1", 1), (west, "us-west1", 2)] {
+        exec(c, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+        let sql =
+            format!("SELECT balance FROM accounts WHERE crdb_region = '{region}' AND id = {id}");
+        read.push(
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(c)
+                .await
+                .unwrap(),
+        );
+    }
+    (read[0], read[1])
 }
 
 /// Accounts 1 (us-east1) and 2 (us-west1) of [`regional_bank`] back to 1000 each.

@@ -632,6 +632,19 @@ pub(crate) fn snapshot_read_write() -> bool {
     unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 && !pg_sys::XactReadOnly }
 }
 
+/// Whether this transaction's parts must hold their nodes' turns when it commits: it is
+/// read-write under REPEATABLE READ or SERIALIZABLE, or was and wrote (`SET TRANSACTION READ
+/// ONLY` may come after its writes).
+#[allow(unsafe_code)]
+fn turns_at_commit() -> bool {
+    // SAFETY: reads a backend global.
+    let snapshot_isolation = unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 };
+    snapshot_isolation
+        && (snapshot_read_write()
+            || replication::has_local_changes()
+            || REMOTE.with(|r| r.borrow().iter().any(|x| x.wrote)))
+}
+
 /// The nodes this transaction has a part on whose snapshot and conflicts matter (`None`: this
 /// node): parts holding only global key changes read nothing.
 fn turn_parts() -> Vec<Option<u64>> {
@@ -703,9 +716,11 @@ fn hold_turns(parts: &[Option<u64>], with_step: &[u64]) -> Result<(), MrError> {
 const HOLDING_TURN_WAIT_MS: u64 = 200;
 
 /// How long a turn is waited for, in milliseconds (0: as long as it takes): as long as a
-/// lock of a transaction over several nodes.
+/// lock of a transaction over several nodes, or the session's lock_timeout if shorter.
+#[allow(unsafe_code)]
 fn turn_wait_ms() -> u64 {
-    lock_timeout_for_parts().unwrap_or(0)
+    // SAFETY: reads the lock_timeout setting's backing variable.
+    lock_timeout_for_parts().unwrap_or_else(|| unsafe { pg_sys::LockTimeout }.max(0) as u64)
 }
 
 /// Takes this node's turn: the lock of `multiregion.turn` (waited for without a statement
@@ -738,7 +753,17 @@ fn take_turn_here(wait_ms: u64) -> Result<(), MrError> {
             unsafe { pg_sys::pg_usleep(1000) };
             pgrx::check_for_interrupts!();
         }
+        // A transaction that wrote and then became READ ONLY still takes its turns at commit:
+        // the row is the extension's bookkeeping, not the user's data.
+        // SAFETY: a backend global, restored right after the statement. It is only true here
+        // at commit (statements take turns only in read-write transactions), where an error
+        // ends the transaction, whose next start resets it.
+        let read_only = unsafe { pg_sys::XactReadOnly };
+        // SAFETY: as above.
+        unsafe { pg_sys::XactReadOnly = false };
         crate::regions::spi::run_with("UPDATE multiregion.turn SET taken = taken + 1", vec![]);
+        // SAFETY: as above.
+        unsafe { pg_sys::XactReadOnly = read_only };
         Ok(())
     })
 }
@@ -2222,8 +2247,17 @@ pub fn pre_commit() -> Result<(), MrError> {
     // commit's: it must not fail after the others committed, so PostgreSQL's serializable
     // check runs first.
     let parts = turn_parts();
-    let turn_here = snapshot_read_write() && parts.len() > 1 && parts.contains(&None);
-    if snapshot_read_write() {
+    let turns = turns_at_commit();
+    let turn_here = turns && parts.len() > 1 && parts.contains(&None);
+    if turns {
+        // A turn left for a step that was never sent is not held: taken now. (None is
+        // known: a statement that took turns and did not run its steps failed, or was a
+        // cursor, which cannot be sent to other nodes.)
+        let unsent: Vec<u64> = TURN_NEXT.with(|t| t.borrow_mut().drain(..).map(|x| x.0).collect());
+        TURNS.with(|t| {
+            t.borrow_mut()
+                .retain(|p| !p.is_some_and(|n| unsent.contains(&n)))
+        });
         hold_turns(&parts, &[])?;
     }
     if turn_here {

@@ -277,9 +277,12 @@ impl Ranges {
             .expect("sessions lock")
             .get(&key)
             .cloned();
+        // A new session takes the turn as it begins, before its snapshot; an existing one
+        // with the step.
+        let mut turn = req.turn;
         let remote = match (existing, &req.begin) {
             (Some(r), _) => r,
-            (None, Some(begin)) => match self.begin_remote(origin, begin, req.turn).await {
+            (None, Some(begin)) => match self.begin_remote(origin, begin, turn.take()).await {
                 Ok(r) => {
                     let r = Arc::new(r);
                     self.sessions
@@ -327,7 +330,7 @@ impl Ranges {
         let Some(conn) = guard.as_mut() else {
             return LocalResponse::SqlError(gone(self.me));
         };
-        let outcome = run_steps(conn, &remote, &req, self.me).await;
+        let outcome = run_steps(conn, &remote, &req, turn, self.me).await;
         let mut broken = matches!(&outcome, Err(Step::Broken(_)));
         if req.finish.is_some() && matches!(&outcome, Err(Step::Sql(_))) {
             // A step failed before the finish ran: the transaction is still open there.
@@ -587,7 +590,9 @@ async fn take_turn(conn: &mut PgConnection, wait_ms: u64, me: u64) -> Result<(),
                 );
                 e.hint = Some("Retry the transaction.".into());
             }
-            "40001" => {
+            // The turn row's update found it updated by a transaction committed after this
+            // one's snapshot (other serialization failures keep their own words).
+            "40001" if e.message.contains("concurrent update") => {
                 e.message = format!(
                     "could not serialize access: another transaction over several nodes committed on node {me} after this transaction began there"
                 );
@@ -604,21 +609,17 @@ async fn take_turn(conn: &mut PgConnection, wait_ms: u64, me: u64) -> Result<(),
         .await
         .map_err(busy)?;
     let set = format!("SET LOCAL lock_timeout = {wait_ms}");
-    sqlx::query(&set)
-        .persistent(false)
-        .execute(&mut *conn)
-        .await
-        .map_err(busy)?;
-    sqlx::query("LOCK TABLE multiregion.turn IN EXCLUSIVE MODE")
-        .persistent(false)
-        .execute(&mut *conn)
-        .await
-        .map_err(busy)?;
-    sqlx::query("UPDATE multiregion.turn SET taken = taken + 1")
-        .persistent(false)
-        .execute(&mut *conn)
-        .await
-        .map_err(busy)?;
+    for sql in [
+        set.as_str(),
+        "LOCK TABLE multiregion.turn IN EXCLUSIVE MODE",
+        "UPDATE multiregion.turn SET taken = taken + 1",
+    ] {
+        sqlx::query(sql)
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .map_err(busy)?;
+    }
     sqlx::query("SELECT pg_catalog.set_config('lock_timeout', $1, true)")
         .bind(before)
         .persistent(false)
@@ -683,6 +684,7 @@ async fn run_steps(
     conn: &mut PgConnection,
     remote: &Remote,
     req: &ForwardRequest,
+    turn: Option<u64>,
     me: u64,
 ) -> Result<Outcome, Step> {
     for op in &req.savepoints {
@@ -699,7 +701,7 @@ async fn run_steps(
         }
     }
     // Taken again after a rollback to a savepoint undid it (the origin asks again).
-    if let Some(wait_ms) = req.turn {
+    if let Some(wait_ms) = turn {
         if let Err(e) = take_turn(conn, wait_ms, me).await {
             remote.failed.store(true, Ordering::SeqCst);
             return Err(Step::Sql(e));
