@@ -774,6 +774,56 @@ enum Recorded {
     },
 }
 
+/// Records the decisions and seal a batch of range `range`'s entries carries, in `tx`: the
+/// first `Decide` per transaction in the range's log is its decision there (after the seal,
+/// only abort can be first), answered in `out`. It is also this node's record of the
+/// transaction's decision, unless the seal overrode a commit: a part range's copy of a commit
+/// (`spread_decision`) reaching it after its seal is no decision, and recorded as abort here
+/// it would make another part range's applier on this node skip committed rows (a sealed
+/// anchor answers abort for a transaction it has no record of anyway, `sealed_decision`).
+fn record_decisions(
+    tx: &redb::WriteTransaction,
+    range: u64,
+    decides: &[Recorded],
+    out: &mut [Option<bool>],
+) -> Result<(), redb::Error> {
+    let mut sealed_at: Option<u64> = tx
+        .open_table(META)?
+        .get((range, SEALED))?
+        .and_then(|v| serde_json::from_slice(v.value()).ok());
+    let mut t = tx.open_table(DECISIONS)?;
+    let mut mine = tx.open_table(RANGE_DECISIONS)?;
+    for d in decides {
+        let (i, gid, commit, at_ms, index) = match d {
+            Recorded::Decide {
+                slot,
+                gid,
+                commit,
+                at_ms,
+                index,
+            } => (slot, gid, commit, at_ms, index),
+            Recorded::Seal { index } => {
+                sealed_at = Some(*index);
+                let at = serde_json::to_vec(index).expect("numbers serialize");
+                tx.open_table(META)?
+                    .insert((range, SEALED), at.as_slice())?;
+                continue;
+            }
+        };
+        let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
+        let sealed = sealed_at.is_some_and(|s| *index > s);
+        let decided = known.unwrap_or(*commit && !sealed);
+        if known.is_none() && !(sealed && *commit) {
+            t.insert(gid.as_str(), u8::from(decided))?;
+        }
+        if mine.get((range, gid.as_str()))?.is_none() {
+            mine.insert((range, gid.as_str()), (u8::from(decided), *at_ms))?;
+        }
+        out[*i] = Some(decided);
+    }
+    Ok(())
+}
+
 impl RaftStateMachine<RangeConfig> for StateMachine {
     type SnapshotBuilder = StateMachine;
 
@@ -840,41 +890,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                 .insert((self.range, APPLIED), bytes.as_slice())?;
             purge_pending(&tx, self.range, record.0.map_or(0, |l| l.index))?;
             if !decides.is_empty() {
-                let mut sealed_at: Option<u64> = tx
-                    .open_table(META)?
-                    .get((self.range, SEALED))?
-                    .and_then(|v| serde_json::from_slice(v.value()).ok());
-                let mut t = tx.open_table(DECISIONS)?;
-                let mut mine = tx.open_table(RANGE_DECISIONS)?;
-                for d in &decides {
-                    let (i, gid, commit, at_ms, index) = match d {
-                        Recorded::Decide {
-                            slot,
-                            gid,
-                            commit,
-                            at_ms,
-                            index,
-                        } => (slot, gid, commit, at_ms, index),
-                        Recorded::Seal { index } => {
-                            sealed_at = Some(*index);
-                            let at = serde_json::to_vec(index).expect("numbers serialize");
-                            tx.open_table(META)?
-                                .insert((self.range, SEALED), at.as_slice())?;
-                            continue;
-                        }
-                    };
-                    let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
-                    // The first decision stands; after the seal, only abort can be first.
-                    let sealed = sealed_at.is_some_and(|s| *index > s);
-                    let decided = known.unwrap_or(*commit && !sealed);
-                    if known.is_none() {
-                        t.insert(gid.as_str(), u8::from(decided))?;
-                    }
-                    if mine.get((self.range, gid.as_str()))?.is_none() {
-                        mine.insert((self.range, gid.as_str()), (u8::from(decided), *at_ms))?;
-                    }
-                    out[*i] = Some(decided);
-                }
+                record_decisions(&tx, self.range, &decides, &mut out)?;
             }
             tx.commit()?;
             Ok(())
@@ -973,6 +989,50 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
 
 #[cfg(test)]
 mod tests {
+    use super::Recorded;
+
+    /// A commit's `Decide` after a range's seal is abort in that range's log, but not this
+    /// node's record of the transaction: there it may be a part range's copy of the real
+    /// decision, which another part range's applier on this node reads. An abort after the
+    /// seal, and a commit before it, are recorded for the node as they are.
+    #[test]
+    fn a_commit_copied_into_a_sealed_range_is_not_recorded_as_the_nodes_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let decide = |slot, gid: &str, commit, index| Recorded::Decide {
+            slot,
+            gid: gid.into(),
+            commit,
+            at_ms: 1,
+            index,
+        };
+        let decides = [
+            decide(0, "mr:1:1", true, 4),
+            Recorded::Seal { index: 5 },
+            decide(2, "mr:1:2", true, 6),
+            decide(3, "mr:1:3", false, 7),
+        ];
+        let mut out = vec![None; 4];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(out, vec![Some(true), None, Some(false), Some(false)]);
+        assert_eq!(super::decision(&db, "mr:1:1").unwrap(), Some(true));
+        assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
+        assert_eq!(super::decision(&db, "mr:1:3").unwrap(), Some(false));
+        let mut range = super::range_decisions(&db, 7).unwrap();
+        range.sort();
+        assert_eq!(
+            range,
+            vec![
+                ("mr:1:1".to_string(), true),
+                ("mr:1:2".to_string(), false),
+                ("mr:1:3".to_string(), false),
+            ]
+        );
+        assert_eq!(super::sealed_at(&db, 7).unwrap(), Some(5));
+    }
+
     /// A range's snapshot carries every decision its log recorded, a month-old one too: a
     /// replica that starts from it may lead the anchor when a part's replica, back after a
     /// month away, reaches its `Prepare` entry and asks. (Snapshots carried one day's; the
