@@ -284,7 +284,6 @@ pub struct Ranges {
     coordinating: Mutex<BTreeSet<String>>,
 }
 
-/// The ranges a set of targets maps to.
 /// A split statement's shares: each leaseholder (`None`: this node) and its partitions.
 pub type Shares = Vec<(Option<u64>, Vec<String>)>;
 
@@ -1494,12 +1493,8 @@ impl Ranges {
                 None if splittable => match split_reads {
                     None => {
                         return Ok(Route {
-                            enabled: true,
-                            forward_to: None,
                             split: self.shares(targets, holder)?,
-                            mixed: false,
-                            gather: false,
-                            read_ranges: Vec::new(),
+                            ..here(true)
                         })
                     }
                     Some(plan) => {
@@ -1510,12 +1505,9 @@ impl Ranges {
                                 .split_reads(database, plan, &split, holder, txn_nodes)
                                 .await?;
                             return Ok(Route {
-                                enabled: true,
-                                forward_to: None,
                                 split,
-                                mixed: false,
-                                gather: false,
                                 read_ranges,
+                                ..here(true)
                             });
                         }
                     }
@@ -1619,12 +1611,8 @@ impl Ranges {
         match one_holder {
             // A scan of one REGIONAL BY ROW table: each leaseholder reads its partitions.
             _ if splittable => Ok(Route {
-                enabled: true,
-                forward_to: None,
                 split: self.shares(targets, holder)?,
-                mixed: false,
-                gather: false,
-                read_ranges: Vec::new(),
+                ..here(true)
             }),
             // The caller can read the REGIONAL BY ROW tables through each leaseholder first.
             _ if may_gather => Ok(Route {
