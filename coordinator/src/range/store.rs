@@ -296,6 +296,11 @@ pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::E
         let tx = db.begin_write()?;
         tx.open_table(LOG)?
             .retain_in((range, 0)..=(range, u64::MAX), |_, _| false)?;
+        // The range's record of its decisions goes with its replica (a replica added again
+        // gets them from its snapshot); this node's record of each transaction's decision
+        // stays: a sealed range's are answered from it.
+        tx.open_table(RANGE_DECISIONS)?
+            .retain_in((range, "")..(range + 1, ""), |_, _| false)?;
         {
             let mut m = tx.open_table(META)?;
             m.retain(|(r, _), _| r != range)?;
@@ -1031,6 +1036,13 @@ mod tests {
             ]
         );
         assert_eq!(super::sealed_at(&db, 7).unwrap(), Some(5));
+        // The replica's removal takes the range's records, not the node's.
+        super::install_range_decisions(&db, 8, &[("mr:1:4".into(), true)], None, 0).unwrap();
+        super::remove_range(&db, dir.path(), 7).unwrap();
+        assert!(super::range_decisions(&db, 7).unwrap().is_empty());
+        assert_eq!(super::range_decisions(&db, 8).unwrap().len(), 1);
+        assert_eq!(super::decision(&db, "mr:1:1").unwrap(), Some(true));
+        assert_eq!(super::sealed_at(&db, 7).unwrap(), None);
     }
 
     /// A range's snapshot carries every decision its log recorded, a month-old one too: a
