@@ -3186,6 +3186,30 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
         .expect_err("both sides of a write skew committed: T's turns were not held at its commit");
     assert_eq!(code(&err), "40001", "{err}");
     exec(&mut west, "ROLLBACK").await;
+
+    // A wait for a turn is one of PostgreSQL's lock waits: T, through node 1, locks account
+    // 1 there; U, through node 2, holds node 2's turn (account 2), takes node 1's and waits
+    // for account 1; T then wants node 1's turn. The cycle is on node 1, and its deadlock
+    // detector ends it (40P01) instead of two lock timeouts (55P03); the other commits.
+    exec(&mut east, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    exec(&mut east, &take_other("us-east1", 1, 0)).await;
+    exec(&mut west, "BEGIN ISOLATION LEVEL SERIALIZABLE").await;
+    exec(&mut west, &take_other("us-west1", 2, 0)).await;
+    let u_sql = take_other("us-east1", 1, 0);
+    let t_sql = take_other("us-west1", 2, 0);
+    let (u, t) = tokio::join!(sqlx::raw_sql(&u_sql).execute(&mut west), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::raw_sql(&t_sql).execute(&mut east).await
+    });
+    let codes: Vec<String> = [u.as_ref().err(), t.as_ref().err()]
+        .into_iter()
+        .flatten()
+        .map(code)
+        .collect();
+    assert_eq!(codes, vec!["40P01".to_string()], "{u:?} {t:?}");
+    for c in [&mut east, &mut west] {
+        let _ = sqlx::raw_sql("COMMIT").execute(c).await;
+    }
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[0]);
 }

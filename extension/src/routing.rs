@@ -723,8 +723,8 @@ fn turn_wait_ms() -> u64 {
     lock_timeout_for_parts().unwrap_or_else(|| unsafe { pg_sys::LockTimeout }.max(0) as u64)
 }
 
-/// Takes this node's turn: the lock of `multiregion.turn` (waited for without a statement
-/// of this backend waiting, up to `wait_ms`; 0: as long as it takes), then an update of its row, which fails
+/// Takes this node's turn: the lock of `multiregion.turn` (waited for in PostgreSQL's lock
+/// queue, up to `wait_ms`; 0: as long as it takes), then an update of its row, which fails
 /// with 40001 if another transaction over several nodes committed here after this one's
 /// snapshot. As the bootstrap superuser: the table is the extension's.
 #[allow(unsafe_code)]
@@ -736,22 +736,8 @@ fn take_turn_here(wait_ms: u64) -> Result<(), MrError> {
         )
         .and_then(|o| o.parse::<u32>().ok())
         .map_or(pg_sys::InvalidOid, pg_sys::Oid::from);
-        let since = std::time::Instant::now();
-        loop {
-            // SAFETY: inside a transaction; a lock taken here is the transaction's, released
-            // at its end (or at the end of the subtransaction that took it).
-            let locked = unsafe {
-                pg_sys::ConditionalLockRelationOid(relid, pg_sys::ExclusiveLock as pg_sys::LOCKMODE)
-            };
-            if locked {
-                break;
-            }
-            if wait_ms > 0 && since.elapsed().as_millis() as u64 >= wait_ms {
-                return Err(MrError::TurnBusy { wait_ms });
-            }
-            // SAFETY: sleeping in a backend; interrupts are checked after.
-            unsafe { pg_sys::pg_usleep(1000) };
-            pgrx::check_for_interrupts!();
+        if !lock_turn(relid, wait_ms) {
+            return Err(MrError::TurnBusy { wait_ms });
         }
         // A transaction that wrote and then became READ ONLY still takes its turns at commit:
         // the row is the extension's bookkeeping, not the user's data.
@@ -766,6 +752,58 @@ fn take_turn_here(wait_ms: u64) -> Result<(), MrError> {
         unsafe { pg_sys::XactReadOnly = read_only };
         Ok(())
     })
+}
+
+/// Waits for the turn's lock (`relid`, EXCLUSIVE) in PostgreSQL's lock queue, as another
+/// node's session for this one does (`LOCK TABLE`): first come, first served, and a cycle of
+/// waits on this node (a session holding the turn waiting for a row this backend locked) is
+/// the deadlock detector's (40P01) instead of two timeouts. `false` if `wait_ms` (0: no
+/// limit) passed first. The wait runs in a subtransaction of its own, so that its lock
+/// timeout can be caught: released, it hands the lock to the transaction.
+#[allow(unsafe_code)]
+fn lock_turn(relid: pg_sys::Oid, wait_ms: u64) -> bool {
+    // SAFETY: inside a transaction (in progress, or at its pre-commit, where PostgreSQL
+    // allows subtransactions as for deferred triggers); the memory context and resource
+    // owner are put back after the subtransaction ends, either way, as PL/pgSQL does.
+    let (cxt, owner) = unsafe {
+        let saved = (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner);
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(saved.0);
+        saved
+    };
+    // SAFETY: a backend global read when the wait starts (ProcSleep), put back by `finally`.
+    let timeout = unsafe { pg_sys::LockTimeout };
+    // SAFETY: as above; lock_timeout's range is an int of milliseconds.
+    unsafe { pg_sys::LockTimeout = wait_ms.min(i32::MAX as u64) as i32 };
+    let end = |commit: bool| {
+        // SAFETY: ends the subtransaction begun above, which is the current one: nothing in
+        // between begins another without ending it. Its error state was flushed when the
+        // error was caught.
+        unsafe {
+            if commit {
+                pg_sys::ReleaseCurrentSubTransaction();
+            } else {
+                pg_sys::RollbackAndReleaseCurrentSubTransaction();
+            }
+            pg_sys::MemoryContextSwitchTo(cxt);
+            pg_sys::CurrentResourceOwner = owner;
+        }
+    };
+    let locked = pgrx::PgTryBuilder::new(|| {
+        // SAFETY: a relation lock of the current (sub)transaction.
+        unsafe { pg_sys::LockRelationOid(relid, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) };
+        true
+    })
+    .catch_when(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| false)
+    .catch_others(|e| {
+        end(false);
+        e.rethrow()
+    })
+    // SAFETY: as above.
+    .finally(|| unsafe { pg_sys::LockTimeout = timeout })
+    .execute();
+    end(locked);
+    locked
 }
 
 /// Takes `node`'s turn in this transaction's session there, by a step of its own.
