@@ -2964,6 +2964,11 @@ async fn serializable_transactions_over_several_leaseholders_commit_no_write_ske
         .await
         .expect_err("both sides of a write skew over two nodes committed");
     assert_eq!(code(&err), "40001", "{err}");
+    assert!(
+        err.to_string()
+            .contains("another transaction over several nodes committed on this node"),
+        "{err}"
+    );
     exec(&mut west, "ROLLBACK").await;
     let b = balances_converged(&nodes).await;
     assert_eq!((b[0].2, b[1].2), (1000, 0), "{b:?}");

@@ -47,6 +47,10 @@ pub enum MrError {
     /// long as this one may wait (ARCHITECTURE.md §8.5, "Isolation").
     #[error("could not serialize access: this node's turn for transactions over several nodes was held by another one for {wait_ms} ms")]
     TurnBusy { wait_ms: u64 },
+    /// Another transaction over several nodes committed on this node after this one's
+    /// snapshot here: ordered after it here, this one may be ordered before it elsewhere.
+    #[error("could not serialize access: another transaction over several nodes committed on this node after this transaction began here")]
+    TurnTaken,
     /// A metadata write may or may not have committed, e.g. the leader was lost after
     /// proposing it; the client must look before it tries again.
     #[error("{0}")]
@@ -197,7 +201,9 @@ impl MrError {
             | MrError::SchemaChangePending { .. }
             | MrError::DdlAfterRemoteStatements { .. } => ERRCODE_FEATURE_NOT_SUPPORTED,
             MrError::Remote(e) => sqlstate_of(&e.code),
-            MrError::Retryable(_) | MrError::TurnBusy { .. } => ERRCODE_T_R_SERIALIZATION_FAILURE,
+            MrError::Retryable(_) | MrError::TurnBusy { .. } | MrError::TurnTaken => {
+                ERRCODE_T_R_SERIALIZATION_FAILURE
+            }
             MrError::Ambiguous(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             MrError::NotSuperuser => ERRCODE_INSUFFICIENT_PRIVILEGE,
             MrError::SettingNameMissing => ERRCODE_INVALID_PARAMETER_VALUE,
@@ -311,7 +317,7 @@ impl MrError {
                  matching versions.",
             ),
             MrError::Retryable(_) => Some("Nothing was changed; retry the statement."),
-            MrError::TurnBusy { .. } => Some("Retry the transaction."),
+            MrError::TurnBusy { .. } | MrError::TurnTaken => Some("Retry the transaction."),
             MrError::Ambiguous(_) => {
                 Some("The change may or may not have been applied; check before retrying.")
             }

@@ -736,32 +736,22 @@ fn take_turn_here(wait_ms: u64) -> Result<(), MrError> {
         )
         .and_then(|o| o.parse::<u32>().ok())
         .map_or(pg_sys::InvalidOid, pg_sys::Oid::from);
-        if !lock_turn(relid, wait_ms) {
-            return Err(MrError::TurnBusy { wait_ms });
-        }
-        // A transaction that wrote and then became READ ONLY still takes its turns at commit:
-        // the row is the extension's bookkeeping, not the user's data.
-        // SAFETY: a backend global, restored right after the statement. It is only true here
-        // at commit (statements take turns only in read-write transactions), where an error
-        // ends the transaction, whose next start resets it.
-        let read_only = unsafe { pg_sys::XactReadOnly };
-        // SAFETY: as above.
-        unsafe { pg_sys::XactReadOnly = false };
-        crate::regions::spi::run_with("UPDATE multiregion.turn SET taken = taken + 1", vec![]);
-        // SAFETY: as above.
-        unsafe { pg_sys::XactReadOnly = read_only };
-        Ok(())
+        take_turn_in_subtransaction(relid, wait_ms)
     })
 }
 
-/// Waits for the turn's lock (`relid`, EXCLUSIVE) in PostgreSQL's lock queue, as another
-/// node's session for this one does (`LOCK TABLE`): first come, first served, and a cycle of
-/// waits on this node (a session holding the turn waiting for a row this backend locked) is
-/// the deadlock detector's (40P01) instead of two timeouts. `false` if `wait_ms` (0: no
-/// limit) passed first. The wait runs in a subtransaction of its own, so that its lock
-/// timeout can be caught: released, it hands the lock to the transaction.
+/// Takes the turn (`relid`'s lock, EXCLUSIVE, and its row's update) in a subtransaction of its
+/// own, so that its two ways to fail can be caught and said as what they mean:
+/// - the lock is waited for in PostgreSQL's lock queue, as another node's session for this
+///   one does (`LOCK TABLE`): first come, first served, and a cycle of waits on this node (a
+///   session holding the turn waiting for a row this backend locked) is the deadlock
+///   detector's (40P01) instead of two timeouts; `wait_ms` (0: no limit) ends it, TurnBusy;
+/// - the update finds the row updated by a transaction committed after this one's snapshot:
+///   TurnTaken.
+///
+/// Released, the subtransaction hands the lock and the update to the transaction.
 #[allow(unsafe_code)]
-fn lock_turn(relid: pg_sys::Oid, wait_ms: u64) -> bool {
+fn take_turn_in_subtransaction(relid: pg_sys::Oid, wait_ms: u64) -> Result<(), MrError> {
     // SAFETY: inside a transaction (in progress, or at its pre-commit, where PostgreSQL
     // allows subtransactions as for deferred triggers); the memory context and resource
     // owner are put back after the subtransaction ends, either way, as PL/pgSQL does.
@@ -771,14 +761,20 @@ fn lock_turn(relid: pg_sys::Oid, wait_ms: u64) -> bool {
         pg_sys::MemoryContextSwitchTo(saved.0);
         saved
     };
-    // SAFETY: a backend global read when the wait starts (ProcSleep), put back by `finally`.
-    let timeout = unsafe { pg_sys::LockTimeout };
+    // SAFETY: backend globals, put back by `finally`. LockTimeout is read when the wait starts
+    // (ProcSleep). XactReadOnly is only true here at commit (statements take turns only in
+    // read-write transactions): a transaction that wrote and then became READ ONLY still
+    // takes its turns, the row being the extension's bookkeeping, not the user's data.
+    let (timeout, read_only) = unsafe { (pg_sys::LockTimeout, pg_sys::XactReadOnly) };
     // SAFETY: as above; lock_timeout's range is an int of milliseconds.
-    unsafe { pg_sys::LockTimeout = wait_ms.min(i32::MAX as u64) as i32 };
+    unsafe {
+        pg_sys::LockTimeout = wait_ms.min(i32::MAX as u64) as i32;
+        pg_sys::XactReadOnly = false;
+    }
     let end = |commit: bool| {
         // SAFETY: ends the subtransaction begun above, which is the current one: nothing in
-        // between begins another without ending it. Its error state was flushed when the
-        // error was caught.
+        // between begins another without ending it. A caught error's state was flushed when
+        // it was caught.
         unsafe {
             if commit {
                 pg_sys::ReleaseCurrentSubTransaction();
@@ -789,21 +785,41 @@ fn lock_turn(relid: pg_sys::Oid, wait_ms: u64) -> bool {
             pg_sys::CurrentResourceOwner = owner;
         }
     };
-    let locked = pgrx::PgTryBuilder::new(|| {
+    let taken = pgrx::PgTryBuilder::new(|| {
         // SAFETY: a relation lock of the current (sub)transaction.
         unsafe { pg_sys::LockRelationOid(relid, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) };
-        true
+        crate::regions::spi::run_with("UPDATE multiregion.turn SET taken = taken + 1", vec![]);
+        Ok(())
     })
-    .catch_when(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| false)
+    .catch_when(pgrx::PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE, |_| {
+        Err(MrError::TurnBusy { wait_ms })
+    })
+    .catch_when(
+        pgrx::PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        |e| match &e {
+            pgrx::pg_sys::panic::CaughtError::PostgresError(r)
+                if r.message().contains("concurrent update") =>
+            {
+                Err(MrError::TurnTaken)
+            }
+            _ => {
+                end(false);
+                e.rethrow()
+            }
+        },
+    )
     .catch_others(|e| {
         end(false);
         e.rethrow()
     })
     // SAFETY: as above.
-    .finally(|| unsafe { pg_sys::LockTimeout = timeout })
+    .finally(|| unsafe {
+        pg_sys::LockTimeout = timeout;
+        pg_sys::XactReadOnly = read_only;
+    })
     .execute();
-    end(locked);
-    locked
+    end(taken.is_ok());
+    taken
 }
 
 /// Takes `node`'s turn in this transaction's session there, by a step of its own.
