@@ -464,6 +464,14 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 unsafe { replication::fresh_snapshot(qd) };
             } else {
                 LOCAL_PART.with(|l| l.set(true));
+                if r.mixed {
+                    // It reads copies, past their barriers: under READ COMMITTED its snapshot
+                    // must be taken after the wait too, as a read's is. Taken before it, rows
+                    // the appliers changed meanwhile are seen as concurrently updated, and an
+                    // UPDATE … WHERE id IN (subquery) skips them and commits the rest.
+                    // SAFETY: as this function's contract.
+                    unsafe { replication::fresh_snapshot(qd) };
+                }
                 if may_move || (r.mixed && qd.operation == pg_sys::CmdType::CMD_INSERT) {
                     // SAFETY: the planned statement is valid for the query's life; its top
                     // node is a ModifyTable when its tag says so.
