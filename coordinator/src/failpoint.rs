@@ -15,6 +15,9 @@ pub const SNAPSHOT_AFTER_ROWS: &str = "snapshot-after-rows";
 /// A replica installing a snapshot: recorded as applied, not yet kept as its latest snapshot
 /// (openraft then purges the log and rebuilds a snapshot when it starts).
 pub const SNAPSHOT_BEFORE_KEEP: &str = "snapshot-before-keep";
+/// A part's node that knows the decision does not copy it into the ranges it prepared in
+/// (as when their leadership moved meanwhile): their appliers must get it there themselves.
+pub const NO_DECISION_COPY: &str = "2pc-no-decision-copy";
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
@@ -41,4 +44,9 @@ pub fn hit(name: &str) {
         tracing::error!(failpoint = name, "failpoint reached: aborting");
         std::process::abort();
     }
+}
+
+/// Whether `name` is armed (a point that changes behaviour rather than crash or stall).
+pub fn armed_as(name: &str) -> bool {
+    armed() == Some(name)
 }

@@ -1608,6 +1608,72 @@ async fn transactions_over_several_leaseholders_commit_atomically() {
     check_consistency(&nodes[1]);
 }
 
+/// Every part range's log gets its two-phase commit's decision before its replicas apply the
+/// rows, even when the part's node does not copy it there (`2pc-no-decision-copy`, as when
+/// the part's leadership moved meanwhile): the range's leader puts it in when its applier
+/// finds none, and every replica passes the `Prepare` entry on its own log's copy. So the
+/// europe-west1 node's replica of the us-west1 partition applies a transfer coordinated by
+/// the us-east1 node (whose partition is the anchor) while those two nodes cannot reach each
+/// other; when appliers took the decision from the anchor it waited for the partition to
+/// heal (run and seen). This is what lets an anchor forget a decision once every part range
+/// holds it (ARCHITECTURE.md §8.5, "Costs").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_range_takes_its_decision_from_its_own_log_when_the_anchor_is_cut_off() {
+    let dir = scratch("data-2pc-own-log");
+    let nodes = start_cluster_with_env(
+        dir.path(),
+        77,
+        WAN,
+        &[EAST_B, WEST_A, EU_B],
+        &[("PGMR_FAILPOINT", "2pc-no-decision-copy")],
+    )
+    .await;
+    const PER: i32 = 3;
+    regional_bank(&nodes, PER).await;
+    balances_converged(&nodes).await;
+    let dd = |i: usize| nodes[i].data_dir.to_str().unwrap().to_string();
+    pgmr_ok(&["debug", "partition", "--data-dir", &dd(0), "--peers", "3"]);
+    pgmr_ok(&["debug", "partition", "--data-dir", &dd(2), "--peers", "1"]);
+
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east,
+        &format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(1, PER, -100, 1),
+            transfer_sql(4, PER, 100, 1)
+        ),
+    )
+    .await;
+    // Read on the europe-west1 node's own replica (after a read barrier at the us-west1
+    // leaseholder, which it can reach).
+    eventually(
+        "the europe-west1 node's replica of the us-west1 partition to apply the transfer",
+        Duration::from_secs(30),
+        || async {
+            let mut c = connect(&nodes[2], "mr").await?;
+            exec(&mut c, "SET statement_timeout = '5s'").await;
+            let b: i64 = sqlx::query_scalar(
+                "SELECT balance FROM accounts WHERE crdb_region = 'us-west1' AND id = 4",
+            )
+            .fetch_one(&mut c)
+            .await
+            .ok()?;
+            (b == 1100).then_some(())
+        },
+    )
+    .await;
+
+    for i in [0, 2] {
+        pgmr_ok(&["debug", "heal", "--data-dir", &dd(i)]);
+    }
+    let b = balances_converged(&nodes).await;
+    let balance = |id: i32| b.iter().find(|r| r.1 == id).unwrap().2;
+    assert_eq!((balance(1), balance(4)), (900, 1100), "{b:?}");
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[1]);
+}
+
 /// One client of the regional bank: transfers of 5 between random accounts of any region,
 /// each one simple-protocol transaction (SERIALIZABLE for odd `i`, holding each node's turn,
 /// else READ COMMITTED), through the node at `port` until `until`. Returns the transfers

@@ -9,9 +9,10 @@
 //! transaction still holding it, which is what orders the applier after the writer.
 //!
 //! A `Prepare` entry (two-phase commit, [`super::twophase`]) waits here until its
-//! transaction's decision is known: from this node's record of decisions, else from the
-//! anchor range's leaseholder, which is asked to decide abort once the entry has waited
-//! [`ABORT_AFTER`] (its coordinator is gone). The node's own prepared PostgreSQL transaction
+//! transaction's decision is known: from the range's own log (a copy of the anchor's;
+//! [`decision`] has one put there if none comes) or this node's record, and the anchor's
+//! leaseholder is asked to decide abort once the entry has waited [`ABORT_AFTER`] (its
+//! coordinator is gone). The node's own prepared PostgreSQL transaction
 //! for it, if any, is ended first; then the rows are applied (or skipped) as for a `Commit`
 //! entry, at the `Prepare` entry's place in the log.
 
@@ -272,59 +273,159 @@ fn prepared_here<'a>(
     .boxed()
 }
 
-/// Waits for the decision of the two-phase commit `gid` (recorded in range `anchor`).
+/// Waits for the decision of the two-phase commit `gid` (recorded in range `anchor`): the
+/// first `Decide` for it in this range's own log, which the part's node copies in once it
+/// knows the decision (`spread_decision`), or this node's record of it (a decision it holds
+/// is the transaction's; the leader then makes sure the copy follows). If neither has come
+/// after [`ASK_AFTER`] (the part's leadership moved, its node died, the decision came late),
+/// this replica learns the decision and has the range's leader copy it in, then waits for
+/// the copy like any other replica. So every part range's log comes to hold its
+/// transaction's decision, and a replica that knows nothing else reads it there
+/// (ARCHITECTURE.md §8.5, "Costs": what lets the anchor forget it). A sealed range (being
+/// dropped) records a commit copied after its seal as abort: its entries go by this node's
+/// record alone, as its removal needs nothing more.
 async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
     let first = Instant::now();
     let mut asked = None::<Instant>;
     loop {
-        if let Some(d) =
-            store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))?
-        {
+        let (sealed, own) = own_decision(ctx, gid)?;
+        if let Some(d) = own {
             return Ok(d);
         }
         let waited = first.elapsed();
         if waited >= ASK_AFTER && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
             asked = Some(Instant::now());
-            if let Some(r) = ctx.ranges.upgrade() {
-                // An anchor that no longer exists (its table or partition dropped, e.g. by
-                // DROP REGION, after the transaction prepared and before it was decided
-                // there) records nothing more: the node that applied its seal answers for
-                // its decisions; else (a range dropped without a seal) this range's leader,
-                // which holds the transaction's part and hears the decision from the
-                // coordinator. A decision a node knows is the transaction's (only the
-                // coordinator proposes commit, after the anchor recorded it), so asking
-                // without proposing is always safe.
-                if !r.range_exists(anchor) {
-                    // Sealed before its drop: the node that applied the seal answers for it
-                    // (a transaction it holds no decision for is decided abort there).
-                    if r.sealed_by(anchor).is_some() {
-                        if let Ok(Some(d)) = r.decide(anchor, gid, None).await {
+            // The copy may land while the anchor is still being asked (or cannot be
+            // reached): keep looking at the log meanwhile.
+            let ask = ask(ctx, anchor, gid, waited, sealed);
+            tokio::pin!(ask);
+            loop {
+                tokio::select! {
+                    d = &mut ask => match d? {
+                        Some(d) => return Ok(d),
+                        None => break,
+                    },
+                    _ = tokio::time::sleep(Duration::from_millis(10)) => {
+                        if let (_, Some(d)) = own_decision(ctx, gid)? {
                             return Ok(d);
                         }
                     }
-                    if ctx.g.range_id != anchor {
-                        if let Ok(Some(d)) = r.decide(ctx.g.range_id, gid, None).await {
-                            return Ok(d);
-                        }
-                    }
-                } else {
-                    // A coordinator still at work (slow prepares) is waited for, not
-                    // overruled.
-                    let propose = (waited >= ABORT_AFTER
-                        && (waited >= super::twophase::COORDINATOR_LIMIT
-                            || !r.coordinator_alive(gid).await))
-                        .then_some(false);
-                    if let Ok(Some(d)) = r.decide(anchor, gid, propose).await {
-                        return Ok(d);
-                    }
+                    _ = ctx.g.stop.cancelled() => return Err("the range stopped".into()),
                 }
             }
+            continue;
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(10)) => {}
             _ = ctx.g.stop.cancelled() => return Err("the range stopped".into()),
         }
     }
+}
+
+/// Whether this range is sealed, and `gid`'s decision as the applier may take it: the
+/// range's own record, else this node's (its own record only once sealed). Taking this
+/// node's, the range's leader makes sure a copy reaches the log after all.
+fn own_decision(ctx: &Ctx<'_>, gid: &str) -> Result<(bool, Option<bool>), String> {
+    let range = ctx.g.range_id;
+    let read = |e: redb::Error| format!("reading decisions: {e}");
+    let sealed = store::sealed(ctx.db, range).map_err(|e| format!("reading the seal: {e}"))?;
+    if !sealed {
+        if let Some(d) = store::range_decision(ctx.db, range, gid).map_err(read)? {
+            return Ok((false, Some(d)));
+        }
+    }
+    let known = store::decision(ctx.db, gid).map_err(read)?;
+    if let (false, Some(d)) = (sealed, known) {
+        if ctx.g.leading().is_some() {
+            ensure_copy(ctx, gid, d);
+        }
+    }
+    Ok((sealed, known))
+}
+
+/// Copies `gid`'s decision into this range's log unless one has reached it in a moment (the
+/// part's node copies it there as soon as it knows it, so this rarely writes anything).
+fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool) {
+    let Some(r) = ctx.ranges.upgrade() else {
+        return;
+    };
+    let range = ctx.g.range_id;
+    let gid = gid.to_string();
+    tokio::spawn(async move {
+        tokio::time::sleep(ASK_AFTER).await;
+        if matches!(store::range_decision(&r.db, range, &gid), Ok(None)) {
+            if let Err(e) = r.copy_decision(range, &gid, commit).await {
+                tracing::debug!(range, gid, "could not copy a decision into the range: {e}");
+            }
+        }
+    });
+}
+
+/// Learns `gid`'s decision and has it copied into this range's log; the decision itself
+/// only for a sealed range, which takes no copies.
+async fn ask(
+    ctx: &Ctx<'_>,
+    anchor: u64,
+    gid: &str,
+    waited: Duration,
+    sealed: bool,
+) -> Result<Option<bool>, String> {
+    let Some(r) = ctx.ranges.upgrade() else {
+        return Ok(None);
+    };
+    let Some(d) = learn(ctx, &r, anchor, gid, waited).await? else {
+        return Ok(None);
+    };
+    if sealed {
+        return Ok(Some(d));
+    }
+    let range = ctx.g.range_id;
+    if let Err(e) = r.copy_decision(range, gid, d).await {
+        tracing::debug!(range, gid, "could not copy a decision into the range: {e}");
+    }
+    Ok(None)
+}
+
+/// `gid`'s decision as this node knows it, or as the anchor's leaseholder answers, which is
+/// asked to decide abort once the entry has waited [`ABORT_AFTER`] and no node is still
+/// coordinating the transaction.
+async fn learn(
+    ctx: &Ctx<'_>,
+    r: &Ranges,
+    anchor: u64,
+    gid: &str,
+    waited: Duration,
+) -> Result<Option<bool>, String> {
+    if let Some(d) = store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))? {
+        return Ok(Some(d));
+    }
+    // An anchor that no longer exists (its table or partition dropped, e.g. by DROP REGION,
+    // after the transaction prepared and before it was decided there) records nothing more:
+    // the node that applied its seal answers for its decisions; else (a range dropped without
+    // a seal) this range's leader, which holds the transaction's part and hears the decision
+    // from the coordinator. A decision a node knows is the transaction's (only the
+    // coordinator proposes commit, after the anchor recorded it), so asking without proposing
+    // is always safe.
+    if !r.range_exists(anchor) {
+        // Sealed before its drop: the node that applied the seal answers for it (a
+        // transaction it holds no decision for is decided abort there).
+        if r.sealed_by(anchor).is_some() {
+            if let Ok(Some(d)) = r.decide(anchor, gid, None).await {
+                return Ok(Some(d));
+            }
+        }
+        if ctx.g.range_id != anchor {
+            if let Ok(Some(d)) = r.decide(ctx.g.range_id, gid, None).await {
+                return Ok(Some(d));
+            }
+        }
+        return Ok(None);
+    }
+    // A coordinator still at work (slow prepares) is waited for, not overruled.
+    let propose = (waited >= ABORT_AFTER
+        && (waited >= super::twophase::COORDINATOR_LIMIT || !r.coordinator_alive(gid).await))
+        .then_some(false);
+    Ok(r.decide(anchor, gid, propose).await.ok().flatten())
 }
 
 /// The rows of the `of` entries of a transaction split over several entries of this range,

@@ -179,6 +179,14 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
     Ok(t.get(gid)?.map(|v| v.value() == 1))
 }
 
+/// The decision range `range`'s own log recorded for `gid` (its first `Decide` for it), if
+/// this replica has applied it.
+pub fn range_decision(db: &Database, range: u64, gid: &str) -> Result<Option<bool>, redb::Error> {
+    let tx = db.begin_read()?;
+    let t = tx.open_table(RANGE_DECISIONS)?;
+    Ok(t.get((range, gid))?.map(|v| v.value().0 == 1))
+}
+
 /// Every decision range `range`'s log recorded, however old: (transaction, commit).
 pub fn range_decisions(db: &Database, range: u64) -> Result<Vec<(String, bool)>, redb::Error> {
     let tx = db.begin_read()?;
@@ -816,12 +824,19 @@ fn record_decisions(
             }
         };
         let known = t.get(gid.as_str())?.map(|v| v.value() == 1);
+        let own = mine.get((range, gid.as_str()))?.map(|v| v.value().0 == 1);
         let sealed = sealed_at.is_some_and(|s| *index > s);
-        let decided = known.unwrap_or(*commit && !sealed);
+        // The range's first `Decide` is its record, whatever this node heard elsewhere: its
+        // replicas apply its `Prepare` entries by it, so they must all read the same.
+        let decided = match own {
+            Some(d) => d,
+            None if sealed => known.unwrap_or(false),
+            None => *commit,
+        };
         if known.is_none() && !(sealed && *commit) {
             t.insert(gid.as_str(), u8::from(decided))?;
         }
-        if mine.get((range, gid.as_str()))?.is_none() {
+        if own.is_none() {
             mine.insert((range, gid.as_str()), (u8::from(decided), *at_ms))?;
         }
         out[*i] = Some(decided);
@@ -1043,6 +1058,40 @@ mod tests {
         assert_eq!(super::range_decisions(&db, 8).unwrap().len(), 1);
         assert_eq!(super::decision(&db, "mr:1:1").unwrap(), Some(true));
         assert_eq!(super::sealed_at(&db, 7).unwrap(), None);
+    }
+
+    /// A range records the first `Decide` of its own log, even where this node recorded
+    /// another decision for the transaction (what a forgetful anchor may answer once
+    /// decisions are purged): its replicas pass its `Prepare` entries by that record, so each
+    /// must read the same whatever it heard elsewhere. A later `Decide` changes nothing.
+    #[test]
+    fn a_range_records_its_own_logs_first_decision() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        super::learn_decision(&db, "mr:1:9", false).unwrap();
+        let decides = [
+            Recorded::Decide {
+                slot: 0,
+                gid: "mr:1:9".into(),
+                commit: true,
+                at_ms: 1,
+                index: 3,
+            },
+            Recorded::Decide {
+                slot: 1,
+                gid: "mr:1:9".into(),
+                commit: false,
+                at_ms: 1,
+                index: 4,
+            },
+        ];
+        let mut out = vec![None; 2];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(out, vec![Some(true), Some(true)]);
+        assert_eq!(super::range_decision(&db, 7, "mr:1:9").unwrap(), Some(true));
+        assert_eq!(super::range_decision(&db, 8, "mr:1:9").unwrap(), None);
     }
 
     /// A range's snapshot carries every decision its log recorded, a month-old one too: a

@@ -90,10 +90,18 @@ impl Ranges {
         });
         let results = futures::future::join_all(proposals).await;
         let mut entries = Vec::new();
+        // Each range written once (a transaction's rows may be several entries of one
+        // range): once the decision is known here it is copied into them, abort included.
+        let mut written: Vec<Arc<Group>> = Vec::new();
         let mut failure: Option<WriteError> = None;
         for ((g, _), r) in groups.iter().zip(results) {
             match r {
-                Ok((index, _)) => entries.push((g.range_id, index)),
+                Ok((index, _)) => {
+                    entries.push((g.range_id, index));
+                    if !written.iter().any(|r| r.range_id == g.range_id) {
+                        written.push(g.clone());
+                    }
+                }
                 // An ambiguous failure says more than a plain one.
                 Err(e) => {
                     if failure.is_none() || matches!(e, WriteError::Ambiguous(_)) {
@@ -101,6 +109,9 @@ impl Ranges {
                     }
                 }
             }
+        }
+        if !written.is_empty() {
+            tokio::spawn(spread_decision(written, self.db.clone(), p.clone()));
         }
         if let Some(e) = failure {
             if !coordinating || entries.is_empty() && !matches!(e, WriteError::Ambiguous(_)) {
@@ -116,14 +127,6 @@ impl Ranges {
                 _ => Err(e),
             };
         }
-        // Each range once (a transaction's rows may be several entries of one range).
-        let mut ranges: Vec<Arc<Group>> = Vec::new();
-        for (g, _) in &groups {
-            if !ranges.iter().any(|r| r.range_id == g.range_id) {
-                ranges.push(g.clone());
-            }
-        }
-        tokio::spawn(spread_decision(ranges, self.db.clone(), p.clone()));
         if !coordinating {
             return Ok(entries);
         }
@@ -156,6 +159,30 @@ impl Ranges {
         if let Ok(Some(d)) = store::decision(&self.db, gid) {
             return Ok(Some(d));
         }
+        self.ask_range(anchor, gid, propose).await
+    }
+
+    /// Copies `gid`'s decision, `commit`, into range `range`'s log (a `Decide` entry proposed
+    /// by its leader, here or asked), unless its log recorded one already: that range's
+    /// replicas then pass their `Prepare` entries on their own log. The answer is the
+    /// range's record, which is the decision.
+    pub(super) async fn copy_decision(
+        &self,
+        range: u64,
+        gid: &str,
+        commit: bool,
+    ) -> Result<Option<bool>, String> {
+        self.ask_range(range, gid, Some(commit)).await
+    }
+
+    /// [`Self::decide`] without this node's record: the leader of range `anchor` answers (or
+    /// the node that applied its seal, once it is dropped).
+    async fn ask_range(
+        &self,
+        anchor: u64,
+        gid: &str,
+        propose: Option<bool>,
+    ) -> Result<Option<bool>, String> {
         let deadline = Instant::now() + DECIDE_TIMEOUT;
         let mut last_error = String::from("no leaseholder known");
         loop {
@@ -290,6 +317,10 @@ impl Ranges {
         let Some(commit) = propose else {
             return store::decision(&self.db, gid).map_err(|e| e.to_string());
         };
+        // The range's log decided already (its first `Decide` for `gid` is its record).
+        if let Ok(Some(d)) = store::range_decision(&self.db, g.range_id, gid) {
+            return Ok(Some(d));
+        }
         let entry = TxnWrite {
             txn_id: gid.to_string(),
             origin: self.me,
@@ -670,9 +701,13 @@ impl Ranges {
 }
 
 /// Once `p`'s decision is known here, copies it into the other ranges the transaction
-/// prepared in on this node (a `Decide` entry there records the same first decision), so
-/// that their replicas' appliers learn it from their own log instead of asking the anchor.
+/// prepared in on this node (a `Decide` entry there records the same first decision): their
+/// replicas' appliers pass their `Prepare` entries on their own log's record, and have one
+/// put there if this copy never comes (`apply::decision`).
 async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: PrepareAs) {
+    if crate::failpoint::armed_as(crate::failpoint::NO_DECISION_COPY) {
+        return;
+    }
     let until = Instant::now() + SWEEP_AFTER;
     let commit = loop {
         if let Ok(Some(d)) = store::decision(&db, &p.gid) {
