@@ -1609,8 +1609,11 @@ impl Handler for Node {
                 anchor,
                 gid,
                 propose,
+                copy,
             } => match self.ranges.get().cloned() {
-                Some(r) => Box::pin(async move { r.serve_decision(anchor, gid, propose).await }),
+                Some(r) => {
+                    Box::pin(async move { r.serve_decision(anchor, gid, propose, copy).await })
+                }
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::FinishPrepared {

@@ -464,8 +464,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                 unsafe { replication::fresh_snapshot(qd) };
             } else {
                 LOCAL_PART.with(|l| l.set(true));
-                if r.mixed {
-                    // It reads copies, past their barriers: under READ COMMITTED its snapshot
+                if r.mixed || !modifies {
+                    // It read past barriers (copies, or a locking read's ranges on a leader
+                    // that may have just begun to serve): under READ COMMITTED its snapshot
                     // must be taken after the wait too, as a read's is. Taken before it, rows
                     // the appliers changed meanwhile are seen as concurrently updated, and an
                     // UPDATE … WHERE id IN (subquery) skips them and commits the rest.

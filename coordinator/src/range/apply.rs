@@ -10,9 +10,9 @@
 //!
 //! A `Prepare` entry (two-phase commit, [`super::twophase`]) waits here until its
 //! transaction's decision is known: from the range's own log (a copy of the anchor's;
-//! [`decision`] has one put there if none comes) or this node's record, and the anchor's
-//! leaseholder is asked to decide abort once the entry has waited [`ABORT_AFTER`] (its
-//! coordinator is gone). The node's own prepared PostgreSQL transaction
+//! [`decision`] has one put there if none comes), this node's record, or the anchor's
+//! leaseholder, which is asked to decide abort once the entry has waited [`ABORT_AFTER`]
+//! (its coordinator is gone). The node's own prepared PostgreSQL transaction
 //! for it, if any, is ended first; then the rows are applied (or skipped) as for a `Commit`
 //! entry, at the `Prepare` entry's place in the log.
 
@@ -276,20 +276,19 @@ fn prepared_here<'a>(
 /// Waits for the decision of the two-phase commit `gid` (recorded in range `anchor`): the
 /// first `Decide` for it in this range's own log, which the part's node copies in once it
 /// knows the decision (`spread_decision`), or this node's record of it (a decision it holds
-/// is the transaction's; the leader then makes sure the copy follows). If neither has come
-/// after [`ASK_AFTER`] (the part's leadership moved, its node died, the decision came late),
-/// this replica learns the decision and has the range's leader copy it in, then waits for
-/// the copy like any other replica. So every part range's log comes to hold its
-/// transaction's decision, and a replica that knows nothing else reads it there
-/// (ARCHITECTURE.md §8.5, "Costs": what lets the anchor forget it). A sealed range (being
-/// dropped) records a commit copied after its seal as abort: its entries go by this node's
-/// record alone, as its removal needs nothing more.
+/// is the transaction's). If neither has come after [`ASK_AFTER`] (the part's leadership
+/// moved, its node died, the decision came late), this replica learns the decision from the
+/// anchor, watching its own log meanwhile. Whichever way it passes without its range's
+/// record, it has the range's leader copy the decision in if none has come a moment later:
+/// so every part range's log comes to hold its transaction's decision, and a replica that
+/// knows nothing else reads it there (ARCHITECTURE.md §8.5, "Costs": what lets the anchor
+/// forget it). A sealed range (being dropped) takes no copies: a commit copied after its
+/// seal is abort there, so its entries go by this node's record alone.
 async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
     let first = Instant::now();
     let mut asked = None::<Instant>;
     loop {
-        let (sealed, own) = own_decision(ctx, gid)?;
-        if let Some(d) = own {
+        if let Some(d) = own_decision(ctx, gid)? {
             return Ok(d);
         }
         let waited = first.elapsed();
@@ -297,16 +296,19 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
             asked = Some(Instant::now());
             // The copy may land while the anchor is still being asked (or cannot be
             // reached): keep looking at the log meanwhile.
-            let ask = ask(ctx, anchor, gid, waited, sealed);
-            tokio::pin!(ask);
+            let learned = learned(ctx, anchor, gid, waited);
+            tokio::pin!(learned);
             loop {
                 tokio::select! {
-                    d = &mut ask => match d? {
-                        Some(d) => return Ok(d),
+                    d = &mut learned => match d? {
+                        Some(d) => {
+                            ensure_copy(ctx, gid, d, Duration::ZERO);
+                            return Ok(d);
+                        }
                         None => break,
                     },
                     _ = tokio::time::sleep(Duration::from_millis(10)) => {
-                        if let (_, Some(d)) = own_decision(ctx, gid)? {
+                        if let Some(d) = own_decision(ctx, gid)? {
                             return Ok(d);
                         }
                     }
@@ -322,68 +324,71 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
     }
 }
 
-/// Whether this range is sealed, and `gid`'s decision as the applier may take it: the
-/// range's own record, else this node's (its own record only once sealed). Taking this
-/// node's, the range's leader makes sure a copy reaches the log after all.
-fn own_decision(ctx: &Ctx<'_>, gid: &str) -> Result<(bool, Option<bool>), String> {
+/// `gid`'s decision as the applier may take it without asking: the range's own record, else
+/// this node's (its own record only once sealed); taking the node's, it makes sure a copy
+/// reaches the range's log.
+fn own_decision(ctx: &Ctx<'_>, gid: &str) -> Result<Option<bool>, String> {
     let range = ctx.g.range_id;
     let read = |e: redb::Error| format!("reading decisions: {e}");
     let sealed = store::sealed(ctx.db, range).map_err(|e| format!("reading the seal: {e}"))?;
     if !sealed {
         if let Some(d) = store::range_decision(ctx.db, range, gid).map_err(read)? {
-            return Ok((false, Some(d)));
+            return Ok(Some(d));
         }
     }
     let known = store::decision(ctx.db, gid).map_err(read)?;
-    if let (false, Some(d)) = (sealed, known) {
-        if ctx.g.leading().is_some() {
-            ensure_copy(ctx, gid, d);
-        }
+    if let Some(d) = known {
+        ensure_copy(ctx, gid, d, ASK_AFTER);
     }
-    Ok((sealed, known))
+    Ok(known)
 }
 
-/// Copies `gid`'s decision into this range's log unless one has reached it in a moment (the
-/// part's node copies it there as soon as it knows it, so this rarely writes anything).
-fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool) {
-    let Some(r) = ctx.ranges.upgrade() else {
-        return;
-    };
+/// After `delay`, has `gid`'s decision copied into this range's log by its leader unless the
+/// range recorded one by then (the part's node copies it there as soon as it knows it, so
+/// this rarely writes anything), is sealed or gone. One at a time per (range, gid) on this
+/// node; a replica that passed its `Prepare` entry without the range's record starts one,
+/// so the copy comes while any replica that knew the decision lives.
+fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool, delay: Duration) {
     let range = ctx.g.range_id;
-    let gid = gid.to_string();
+    let key = (range, gid.to_string());
+    {
+        let Some(r) = ctx.ranges.upgrade() else {
+            return;
+        };
+        if !r.copying.lock().expect("copying lock").insert(key.clone()) {
+            return;
+        }
+    }
+    let ranges = ctx.ranges.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(ASK_AFTER).await;
-        if matches!(store::range_decision(&r.db, range, &gid), Ok(None)) {
-            if let Err(e) = r.copy_decision(range, &gid, commit).await {
+        tokio::time::sleep(delay).await;
+        let Some(r) = ranges.upgrade() else {
+            return;
+        };
+        let (_, gid) = &key;
+        let wanted = r.group(range).is_some()
+            && matches!(store::sealed(&r.db, range), Ok(false))
+            && matches!(store::range_decision(&r.db, range, gid), Ok(None));
+        if wanted {
+            if let Err(e) = r.copy_decision(range, gid, commit).await {
                 tracing::debug!(range, gid, "could not copy a decision into the range: {e}");
             }
         }
+        r.copying.lock().expect("copying lock").remove(&key);
     });
 }
 
-/// Learns `gid`'s decision and has it copied into this range's log; the decision itself
-/// only for a sealed range, which takes no copies.
-async fn ask(
+/// [`learn`], from a weak handle on the node's ranges.
+async fn learned(
     ctx: &Ctx<'_>,
     anchor: u64,
     gid: &str,
     waited: Duration,
-    sealed: bool,
 ) -> Result<Option<bool>, String> {
     let Some(r) = ctx.ranges.upgrade() else {
         return Ok(None);
     };
-    let Some(d) = learn(ctx, &r, anchor, gid, waited).await? else {
-        return Ok(None);
-    };
-    if sealed {
-        return Ok(Some(d));
-    }
-    let range = ctx.g.range_id;
-    if let Err(e) = r.copy_decision(range, gid, d).await {
-        tracing::debug!(range, gid, "could not copy a decision into the range: {e}");
-    }
-    Ok(None)
+    learn(ctx, &r, anchor, gid, waited).await
 }
 
 /// `gid`'s decision as this node knows it, or as the anchor's leaseholder answers, which is

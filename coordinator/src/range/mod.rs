@@ -282,6 +282,9 @@ pub struct Ranges {
     sessions: forward::Sessions,
     /// Two-phase commits this node is coordinating now, by gid ([`twophase`]).
     coordinating: Mutex<BTreeSet<String>>,
+    /// Decisions being copied into a part range by this node now, by (range, gid)
+    /// ([`apply`]): one copy at a time each.
+    copying: Mutex<BTreeSet<(u64, String)>>,
 }
 
 /// A split statement's shares: each leaseholder (`None`: this node) and its partitions.
@@ -510,6 +513,7 @@ impl Ranges {
             pg,
             sessions: forward::Sessions::default(),
             coordinating: Mutex::new(BTreeSet::new()),
+            copying: Mutex::new(BTreeSet::new()),
         }))
     }
 

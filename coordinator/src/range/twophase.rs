@@ -159,40 +159,53 @@ impl Ranges {
         if let Ok(Some(d)) = store::decision(&self.db, gid) {
             return Ok(Some(d));
         }
-        self.ask_range(anchor, gid, propose).await
+        self.ask_range(anchor, gid, propose, false).await
     }
 
-    /// Copies `gid`'s decision, `commit`, into range `range`'s log (a `Decide` entry proposed
-    /// by its leader, here or asked), unless its log recorded one already: that range's
-    /// replicas then pass their `Prepare` entries on their own log. The answer is the
-    /// range's record, which is the decision.
+    /// Copies `gid`'s decision, `commit`, into part range `range`'s log (a `Decide` entry
+    /// proposed by its leader, here or asked), unless its log recorded one already: that
+    /// range's replicas then pass their `Prepare` entries on their own log. The answer is
+    /// the range's record, which is the decision. Nothing is copied into a sealed or dropped
+    /// range (`Ok(None)`): it takes no copies, and the node that sealed it answers only for
+    /// its own decisions as an anchor.
     pub(super) async fn copy_decision(
         &self,
         range: u64,
         gid: &str,
         commit: bool,
     ) -> Result<Option<bool>, String> {
-        self.ask_range(range, gid, Some(commit)).await
+        if self.sealed_by(range).is_some() || !self.range_exists(range) {
+            return Ok(None);
+        }
+        self.ask_range(range, gid, Some(commit), true).await
     }
 
     /// [`Self::decide`] without this node's record: the leader of range `anchor` answers (or
-    /// the node that applied its seal, once it is dropped).
+    /// the node that applied its seal, once it is dropped). `copy`: see
+    /// [`Self::copy_decision`].
     async fn ask_range(
         &self,
         anchor: u64,
         gid: &str,
         propose: Option<bool>,
+        copy: bool,
     ) -> Result<Option<bool>, String> {
         let deadline = Instant::now() + DECIDE_TIMEOUT;
         let mut last_error = String::from("no leaseholder known");
         loop {
             // A dropped anchor's decisions are answered for by the node that applied its seal.
             let sealed_by = self.sealed_by(anchor);
+            if copy && sealed_by.is_some() {
+                return Ok(None);
+            }
             if sealed_by == Some(self.me) {
                 return self.sealed_decision(gid).map(Some);
             }
             let local = self.group(anchor).filter(|_| sealed_by.is_none());
             if let Some(g) = local.as_ref().filter(|g| g.leading().is_some()) {
+                if copy && matches!(store::sealed(&self.db, anchor), Ok(true)) {
+                    return Ok(None);
+                }
                 match self.decide_here(g, gid, propose).await {
                     Ok(d) => return Ok(d),
                     Err(e) => last_error = e,
@@ -219,10 +232,11 @@ impl Ranges {
                         anchor,
                         gid: gid.to_string(),
                         propose,
+                        copy,
                     };
                     match self.transport.call(&addr, req, DECIDE_TIMEOUT).await {
                         Ok(PeerResponse::TxnDecision { decision }) => {
-                            if let Some(d) = decision {
+                            if let (Some(d), false) = (decision, copy) {
                                 let _ = store::learn_decision(&self.db, gid, d);
                             }
                             return Ok(decision);
@@ -340,13 +354,22 @@ impl Ranges {
         }
     }
 
-    /// A peer asks for (or proposes) a decision recorded in a range this node may lead.
+    /// A peer asks for (or proposes) a decision recorded in a range this node may lead, or
+    /// (`copy`) has a decision copied into a part range this node may lead.
     pub async fn serve_decision(
         &self,
         anchor: u64,
         gid: String,
         propose: Option<bool>,
+        copy: bool,
     ) -> PeerResponse {
+        if copy
+            && (self.sealed_by(anchor).is_some()
+                || !self.range_exists(anchor)
+                || matches!(store::sealed(&self.db, anchor), Ok(true)))
+        {
+            return PeerResponse::TxnDecision { decision: None };
+        }
         if self.sealed_by(anchor) == Some(self.me) {
             return match self.sealed_decision(&gid) {
                 Ok(d) => PeerResponse::TxnDecision { decision: Some(d) },

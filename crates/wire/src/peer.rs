@@ -120,6 +120,11 @@ pub enum PeerRequest {
         anchor: u64,
         gid: String,
         propose: Option<bool>,
+        /// `anchor` is a part range being given a copy of the decision in `propose`, not the
+        /// range that decides: refused once it is sealed or gone (only an anchor's sealing
+        /// node answers for a dropped range, and only for its own decisions).
+        #[serde(default)]
+        copy: bool,
     },
     /// Whether this node is coordinating two-phase commit `gid` now (its prepares or its
     /// decision under way): [`PeerResponse::TxnCoordinating`]. Asked before a participant
