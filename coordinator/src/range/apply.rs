@@ -324,8 +324,8 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
     }
 }
 
-/// `gid`'s decision as the applier may take it without asking: the range's own record, else
-/// this node's (its own record only once sealed); taking the node's, it makes sure a copy
+/// `gid`'s decision as the applier may take it without asking: the range's own record
+/// (unless the range is sealed), else this node's; taking the node's, it makes sure a copy
 /// reaches the range's log.
 fn own_decision(ctx: &Ctx<'_>, gid: &str) -> Result<Option<bool>, String> {
     let range = ctx.g.range_id;
