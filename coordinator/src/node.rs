@@ -816,6 +816,7 @@ impl Node {
                 may_gather,
                 inserted,
                 split_reads,
+                locked,
             } => match self
                 .ranges()
                 .route(
@@ -828,6 +829,7 @@ impl Node {
                         splittable,
                         one_leaseholder,
                         may_gather,
+                        locked: &locked,
                     },
                     &txn_nodes,
                     split_reads.as_ref(),
@@ -841,6 +843,7 @@ impl Node {
                     mixed: r.mixed,
                     gather: r.gather,
                     read_ranges: r.read_ranges,
+                    locked_elsewhere: r.locked_elsewhere,
                 },
                 Err(e) => crate::range::write_error(e),
             },

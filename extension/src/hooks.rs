@@ -275,6 +275,12 @@ unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, e
             _ => pg_sys::standard_ExecutorStart(query_desc, eflags),
         }
     }
+    // SAFETY: the QueryDesc just started, as above.
+    unsafe {
+        if let Some(qd) = query_desc.as_ref() {
+            crate::routing::refuse_locks_on_copies(qd);
+        }
+    }
 }
 
 /// Runs a query: one routed to another node yields that node's rows

@@ -597,6 +597,97 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
     }
 }
 
+/// The range-table indexes (1-based) of the relations whose rows the statement locks
+/// (`FOR UPDATE`, `FOR NO KEY UPDATE`, `FOR SHARE`, `FOR KEY SHARE`, in a subquery too):
+/// each partition of a locked partitioned table has its own mark.
+///
+/// # Safety
+/// `ps` is a planned statement valid for the query's life.
+#[allow(unsafe_code)]
+unsafe fn locking_marks(ps: &pg_sys::PlannedStmt) -> Vec<pg_sys::Index> {
+    use pg_sys::RowMarkType::*;
+    let mut rtis = Vec::new();
+    if ps.rowMarks.is_null() {
+        return rtis;
+    }
+    // SAFETY: as this function's contract; the row marks are a List of PlanRowMark.
+    unsafe {
+        for i in 0..(*ps.rowMarks).length {
+            let rm = pg_sys::list_nth(ps.rowMarks, i) as *mut pg_sys::PlanRowMark;
+            if !rm.is_null()
+                && matches!(
+                    (*rm).markType,
+                    ROW_MARK_EXCLUSIVE
+                        | ROW_MARK_NOKEYEXCLUSIVE
+                        | ROW_MARK_SHARE
+                        | ROW_MARK_KEYSHARE
+                )
+            {
+                rtis.push((*rm).rti);
+            }
+        }
+    }
+    rtis
+}
+
+/// The replicated ranges whose rows the statement locks besides its result relations
+/// ([`locking_marks`]): a partition for each locked partition of a REGIONAL BY ROW table, the
+/// table for another. Run over several leaseholders' copies, these locks would conflict with
+/// nothing where the rows are leased, so pgmr refuses such a statement.
+///
+/// # Safety
+/// As [`statement_targets`].
+#[allow(unsafe_code)]
+pub unsafe fn locked_ranges(qd: &pg_sys::QueryDesc) -> Vec<RangeTarget> {
+    let mut locked = Vec::new();
+    // SAFETY: as this function's contract; the range table is a List of RangeTblEntry, valid
+    // for the query's life, and a row mark's index is within it (checked all the same).
+    unsafe {
+        let ps = &*qd.plannedstmt;
+        for rti in locking_marks(ps) {
+            if ps.rtable.is_null() || rti < 1 || rti as i32 > (*ps.rtable).length {
+                continue;
+            }
+            let rte = pg_sys::list_nth(ps.rtable, rti as i32 - 1) as *mut pg_sys::RangeTblEntry;
+            if rte.is_null()
+                || (*rte).rtekind != pg_sys::RTEKind::RTE_RELATION
+                || (*rte).relkind as u8 != b'r'
+            {
+                continue;
+            }
+            if let Some(entry) = range_target((*rte).relid) {
+                if !locked.contains(&entry) {
+                    locked.push(entry);
+                }
+            }
+        }
+    }
+    locked
+}
+
+/// The (table, partition) a replicated relation is (a partition of a REGIONAL BY ROW table:
+/// its region), or `None` for a relation that is not replicated.
+///
+/// # Safety
+/// The relation is locked (the executor's caller locked the statement's relations).
+#[allow(unsafe_code)]
+pub unsafe fn range_target(relid: pg_sys::Oid) -> Option<RangeTarget> {
+    // SAFETY: as this function's contract.
+    if unsafe { !is_replicated(relid) } {
+        return None;
+    }
+    target(relid).map(|t| {
+        (
+            mr_meta::TableRef {
+                database: crate::routing::database(),
+                schema: t.schema.clone(),
+                table: t.table.clone(),
+            },
+            t.partition.clone(),
+        )
+    })
+}
+
 /// Whether the statement can run over each leaseholder's partitions in turn, the shares
 /// changing (or reading) exactly the rows the whole statement would: an UPDATE or DELETE of
 /// one REGIONAL BY ROW table ([`split_write`]), or a SELECT of one ([`splittable_read`]).
@@ -626,7 +717,6 @@ pub unsafe fn splittable(qd: &pg_sys::QueryDesc) -> bool {
 /// As [`statement_targets`].
 #[allow(unsafe_code)]
 pub unsafe fn split_write(qd: &pg_sys::QueryDesc) -> Option<(Vec<RangeTarget>, Vec<RangeTarget>)> {
-    use pg_sys::RowMarkType::*;
     // SAFETY: as this function's contract; the range table is a List of RangeTblEntry and
     // the row marks a List of PlanRowMark, valid for the query's life.
     unsafe {
@@ -634,21 +724,8 @@ pub unsafe fn split_write(qd: &pg_sys::QueryDesc) -> Option<(Vec<RangeTarget>, V
         if ps.hasModifyingCTE || ps.rtable.is_null() || ps.resultRelations.is_null() {
             return None;
         }
-        if !ps.rowMarks.is_null() {
-            for i in 0..(*ps.rowMarks).length {
-                let rm = pg_sys::list_nth(ps.rowMarks, i) as *mut pg_sys::PlanRowMark;
-                if !rm.is_null()
-                    && matches!(
-                        (*rm).markType,
-                        ROW_MARK_EXCLUSIVE
-                            | ROW_MARK_NOKEYEXCLUSIVE
-                            | ROW_MARK_SHARE
-                            | ROW_MARK_KEYSHARE
-                    )
-                {
-                    return None;
-                }
-            }
+        if !locking_marks(ps).is_empty() {
+            return None;
         }
         let database = crate::routing::database();
         let target_of = |relid| {

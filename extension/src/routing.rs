@@ -199,6 +199,87 @@ pub fn database() -> String {
     name
 }
 
+thread_local! {
+    /// Statements that run here over several leaseholders' ranges and lock rows of ranges
+    /// leased elsewhere: checked once PostgreSQL has started them ([`refuse_locks_on_copies`]).
+    static LOCK_CHECKS: RefCell<HashMap<usize, Vec<mr_wire::local::LockedElsewhere>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// After PostgreSQL started a statement that runs here over several leaseholders' ranges
+/// (its partitions pruned by the values it runs with, as a generic plan's are): refused if
+/// it still scans a partition or table it locks that is leased elsewhere. Its locks would be
+/// taken on this node's copy, where they conflict with nothing at the leaseholder, and could
+/// hold back this node's applier.
+///
+/// # Safety
+/// `qd` is a QueryDesc PostgreSQL has just started.
+#[allow(unsafe_code)]
+pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
+    let key = qd as *const pg_sys::QueryDesc as usize;
+    let Some(elsewhere) = LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key)) else {
+        return;
+    };
+    if qd.planstate.is_null() {
+        return;
+    }
+    /// Collects the relation of every scan the started plan runs, subplans included.
+    #[pg_guard]
+    unsafe extern "C-unwind" fn scans(
+        ps: *mut pg_sys::PlanState,
+        relids: *mut std::ffi::c_void,
+    ) -> bool {
+        use pg_sys::NodeTag::*;
+        // SAFETY: `ps` is a node of the started plan's state tree; these node types are
+        // ScanStates (a PlanState first), whose current relation is open; `relids` is the
+        // Vec passed below, alive for the walk.
+        unsafe {
+            if ps.is_null() {
+                return false;
+            }
+            if matches!(
+                (*ps).type_,
+                T_SeqScanState
+                    | T_SampleScanState
+                    | T_IndexScanState
+                    | T_IndexOnlyScanState
+                    | T_BitmapHeapScanState
+                    | T_TidScanState
+                    | T_TidRangeScanState
+            ) {
+                let rel = (*(ps as *mut pg_sys::ScanState)).ss_currentRelation;
+                if !rel.is_null() {
+                    (*(relids as *mut Vec<pg_sys::Oid>)).push((*rel).rd_id);
+                }
+            }
+            pg_sys::planstate_tree_walker(ps, Some(scans), relids)
+        }
+    }
+    let mut relids: Vec<pg_sys::Oid> = Vec::new();
+    // SAFETY: the started plan's state tree, walked while the QueryDesc lives.
+    unsafe { scans(qd.planstate, &mut relids as *mut Vec<pg_sys::Oid> as *mut _) };
+    for relid in relids {
+        // SAFETY: the executor holds the scanned relations open and locked.
+        let Some((table, partition)) = (unsafe { replication::range_target(relid) }) else {
+            continue;
+        };
+        if let Some(l) = elsewhere
+            .iter()
+            .find(|l| l.table == table && (l.partition.is_none() || l.partition == partition))
+        {
+            MrError::WriteNotServed {
+                message: format!(
+                    "the statement locks rows of range {} (leaseholder: {}) and touches ranges leased on different nodes: run here, its locks would be taken on this node's copy",
+                    l.range_id,
+                    l.leaseholder.map_or("none yet".into(), |h| format!("node {h}"))
+                ),
+                hint: "Lock each leaseholder's rows in its own statement (name the rows' region: WHERE crdb_region = ...), or lock only tables leased on this node (FOR UPDATE OF ...).".into(),
+            }
+            .raise();
+        }
+    }
+}
+
 /// Before a statement starts: decides where it runs. A read that stays here has passed its
 /// read barrier when this returns.
 ///
@@ -209,6 +290,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     let key = qd as *mut pg_sys::QueryDesc as usize;
     FORWARDED.with(|f| f.borrow_mut().remove(&key));
     COLLECT.with(|c| c.borrow_mut().remove(&key));
+    LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key));
     if gucs::sidecar_socket().is_none()
         || eflags & pg_sys::EXEC_FLAG_EXPLAIN_ONLY as i32 != 0
         || qd.plannedstmt.is_null()
@@ -409,6 +491,8 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             && unsafe { crate::gather::may_replan(qd) },
         inserted,
         split_reads,
+        // SAFETY: as this function's contract.
+        locked: unsafe { replication::locked_ranges(qd) },
     };
     match sidecar::route_with(database(), targets, txn_nodes, how) {
         Ok(r) if r.gather => {
@@ -507,6 +591,9 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                         None => (None, Tail::default()),
                     };
                     COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, tail }));
+                }
+                if !r.locked_elsewhere.is_empty() {
+                    LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
                 }
                 // Locks held elsewhere too (a read-only part's FOR UPDATE): a wait here may
                 // be one side of a deadlock no node sees whole.

@@ -206,6 +206,9 @@ pub struct RouteHow {
     pub inserted: Vec<(mr_meta::TableRef, String)>,
     /// A splittable UPDATE or DELETE's other reads ([`crate::replication::split_write`]).
     pub split_reads: Option<mr_wire::local::SplitReads>,
+    /// Targets whose rows it locks besides its result relations
+    /// ([`crate::replication::locked_ranges`]).
+    pub locked: Vec<crate::replication::RangeTarget>,
 }
 
 /// [`route`] with every question `Route` takes.
@@ -226,6 +229,7 @@ pub fn route_with(
         may_gather: how.may_gather,
         inserted: how.inserted,
         split_reads: how.split_reads,
+        locked: how.locked,
     };
     match call_within(req, gucs::sidecar_timeout().max(META_TIMEOUT))? {
         LocalResponse::Route {
@@ -235,6 +239,7 @@ pub fn route_with(
             mixed,
             gather,
             read_ranges,
+            locked_elsewhere,
         } => Ok(Route {
             enabled,
             forward_to,
@@ -242,6 +247,7 @@ pub fn route_with(
             mixed,
             gather,
             read_ranges,
+            locked_elsewhere,
         }),
         other => Err(write_error("route", other)),
     }
@@ -261,6 +267,9 @@ pub struct Route {
     pub gather: bool,
     /// Ranges the `split` shares only read: their nodes pass these read barriers first.
     pub read_ranges: Vec<u64>,
+    /// A `mixed` statement's locked targets leased elsewhere
+    /// ([`crate::routing::refuse_locks_on_copies`]).
+    pub locked_elsewhere: Vec<mr_wire::local::LockedElsewhere>,
 }
 
 /// A forwarded step's result: rows processed, the rows returned as text, and rows it left

@@ -41,7 +41,7 @@ use crate::postgres::{PgConfig, PgState};
 use anyhow::Result;
 use mr_meta::{Command, RangeDescriptor, ReplicaKind, TableRef};
 use mr_wire::local::LocalResponse;
-use mr_wire::local::{PrepareAs, SplitReads, TargetWrite};
+use mr_wire::local::{LockedElsewhere, PrepareAs, SplitReads, TargetWrite};
 use mr_wire::peer::{PeerRequest, PeerResponse, RaftKind};
 use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use redb::Database;
@@ -304,11 +304,13 @@ pub struct Route {
     /// Ranges a split statement's shares only read: each share's node passes their read
     /// barriers before it runs its share (this node's own share has passed them).
     pub read_ranges: Vec<u64>,
+    /// A `mixed` statement's locked targets that this node does not lease.
+    pub locked_elsewhere: Vec<LockedElsewhere>,
 }
 
 /// What a statement needs of the ranges it touches ([`Ranges::route`]).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Routing {
+pub struct Routing<'a> {
     /// The leaseholder: it writes or locks rows, or reads under REPEATABLE READ/SERIALIZABLE.
     pub write: bool,
     /// It changes rows (checked against the range's fence at commit) rather than only reads.
@@ -321,6 +323,9 @@ pub struct Routing {
     /// A read whose REGIONAL BY ROW tables the caller can gather from their leaseholders:
     /// where no node holds a copy of every range, answer `gather` instead of refusing.
     pub may_gather: bool,
+    /// Targets whose rows it locks besides its result relations: run here over several
+    /// leaseholders, those leased elsewhere are answered in `locked_elsewhere`.
+    pub locked: &'a [(TableRef, Option<String>)],
 }
 
 struct Resolved {
@@ -1408,7 +1413,7 @@ impl Ranges {
         database: &str,
         targets: &[(TableRef, Option<String>)],
         inserted: &[(TableRef, String)],
-        how: Routing,
+        how: Routing<'_>,
         txn_nodes: &[u64],
         split_reads: Option<&SplitReads>,
     ) -> Result<Route, WriteError> {
@@ -1418,6 +1423,7 @@ impl Ranges {
             splittable,
             one_leaseholder,
             may_gather,
+            locked,
         } = how;
         let Resolved {
             enabled,
@@ -1453,6 +1459,7 @@ impl Ranges {
             mixed: false,
             gather: false,
             read_ranges: Vec::new(),
+            locked_elsewhere: Vec::new(),
         };
         let there = |node| Route {
             enabled: true,
@@ -1461,6 +1468,7 @@ impl Ranges {
             mixed: false,
             gather: false,
             read_ranges: Vec::new(),
+            locked_elsewhere: Vec::new(),
         };
         if !enabled || ranges.is_empty() {
             return Ok(here(enabled));
@@ -1593,9 +1601,28 @@ impl Ranges {
                     hint: "Name the rows' region so that the statement reads one partition (WHERE crdb_region = ... or the columns a computed region is made of), read in separate statements, or read after the commit.".into(),
                 });
             }
+            // Locks it takes on rows leased elsewhere would be taken on copies, conflicting
+            // with nothing at their leaseholder (and could hold back this node's applier):
+            // the extension refuses the statement if its plan, pruned, still scans one.
+            let locked_elsewhere = locked
+                .iter()
+                .filter_map(|(t, p)| {
+                    // A REGIONAL BY ROW table not split into partitions yet is one range.
+                    let range_id = self.range_of(t, p).or_else(|| self.range_of(t, &None));
+                    let leaseholder = range_id
+                        .and_then(|r| holder(r, self.meta.read(|s| s.lease(r).map(|l| l.holder))));
+                    (leaseholder != Some(self.me)).then(|| LockedElsewhere {
+                        table: t.clone(),
+                        partition: p.clone(),
+                        range_id: range_id.unwrap_or(0),
+                        leaseholder,
+                    })
+                })
+                .collect();
             self.barrier(read).await?;
             return Ok(Route {
                 mixed: true,
+                locked_elsewhere,
                 ..here(true)
             });
         }

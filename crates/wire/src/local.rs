@@ -269,6 +269,12 @@ pub enum LocalRequest {
         /// touch `targets`.
         #[serde(default)]
         split_reads: Option<SplitReads>,
+        /// Targets whose rows the statement locks (`FOR UPDATE`/`SHARE`, in a subquery too),
+        /// its result relations aside. Leased on several nodes, the statement would run here
+        /// and take those locks on copies, where they conflict with nothing: it is refused
+        /// if one is leased elsewhere.
+        #[serde(default)]
+        locked: Vec<(TableRef, Option<String>)>,
     },
     /// Runs part of a transaction on another node's PostgreSQL: [`LocalResponse::Forwarded`]
     /// or [`LocalResponse::SqlError`].
@@ -436,6 +442,16 @@ impl SavepointOp {
             SavepointOp::RollbackTo(id) => format!("ROLLBACK TO SAVEPOINT mr_{id}"),
         }
     }
+}
+
+/// A target a statement locks, leased on another node ([`LocalResponse::Route`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockedElsewhere {
+    pub table: TableRef,
+    pub partition: Option<String>,
+    /// 0: no range is known for it yet.
+    pub range_id: u64,
+    pub leaseholder: Option<u64>,
 }
 
 /// What a split UPDATE or DELETE changes and what it only reads ([`LocalRequest::Route`]).
@@ -771,6 +787,12 @@ pub enum LocalResponse {
         /// ([`ForwardStatement::read_ranges`]); this node's own share has passed them.
         #[serde(default)]
         read_ranges: Vec<u64>,
+        /// A `mixed` statement's locked targets (asked in `locked`) leased on another node,
+        /// or on none yet: if its plan still scans one once the executor has pruned its
+        /// partitions (a generic plan's parameters), it is refused there, its locks would be
+        /// taken on this node's copy.
+        #[serde(default)]
+        locked_elsewhere: Vec<LockedElsewhere>,
     },
     /// A forwarded step ran: its rows as text (the result columns the origin planned) and the
     /// number of rows it processed.
