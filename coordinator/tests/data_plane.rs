@@ -2901,7 +2901,11 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
             .contains("its locks would be taken on this node's copy"),
         "{err}"
     );
-    assert!(hint(&err).contains("FOR UPDATE OF"), "{}", hint(&err));
+    assert!(
+        hint(&err).contains("statement of their own"),
+        "{}",
+        hint(&err)
+    );
     // Nor a locking read that joins a table leased elsewhere: run here, it would lock the
     // copy of `flags`, conflicting with nothing on node 1 (before, it did).
     let err = sqlx::raw_sql(
@@ -2911,6 +2915,7 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
     .await
     .expect_err("a lock on rows leased on node 1, taken on node 2's copy");
     assert_eq!(code(&err), "0A000", "{err}");
+    assert!(hint(&err).contains("FOR UPDATE OF"), "{}", hint(&err));
     // Locking only the rows leased here, it runs here.
     let locked: Vec<(i32,)> = sqlx::query_as(
         "SELECT a.id FROM accounts a JOIN flags f USING (id) WHERE a.crdb_region = 'us-west1' ORDER BY a.id FOR UPDATE OF a",
@@ -2941,6 +2946,39 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
     assert_eq!(code(&err), "0A000", "{err}");
     exec(&mut west, "DEALLOCATE lock_region").await;
     exec(&mut west, "RESET plan_cache_mode").await;
+    // A trigger's statement inside one served for another node's transaction is not routed:
+    // locking `flags` (leased on node 1) there would lock node 2's copy (before, it did).
+    exec(
+        &mut east,
+        "CREATE FUNCTION lock_flag() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN EXECUTE format('SELECT 1 FROM flags WHERE id = %s FOR UPDATE', NEW.id); \
+         RETURN NEW; END $$",
+    )
+    .await;
+    exec(
+        &mut east,
+        "CREATE TRIGGER lock_flag BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION lock_flag()",
+    )
+    .await;
+    let touch = "UPDATE accounts SET note = note WHERE crdb_region = 'us-west1' AND id = 3";
+    let err = sqlx::raw_sql(touch)
+        .execute(&mut east)
+        .await
+        .expect_err("served on node 2, its trigger locks rows leased on node 1");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("a trigger's or a function's"),
+        "{err}"
+    );
+    // Through node 2 itself the trigger's statement is routed, and locks at node 1.
+    let n = sqlx::raw_sql(touch)
+        .execute(&mut west)
+        .await
+        .unwrap()
+        .rows_affected();
+    assert_eq!(n, 1);
+    exec(&mut east, "DROP TRIGGER lock_flag ON accounts").await;
+    exec(&mut east, "DROP FUNCTION lock_flag()").await;
 
     let b = balances_converged(&nodes).await;
     assert_eq!(

@@ -129,6 +129,9 @@ thread_local! {
     /// Above zero while this backend runs a statement another node forwarded here: it is
     /// never forwarded again.
     static SERVING: Cell<u32> = const { Cell::new(0) };
+    /// Set while a served statement has not started yet: the next statement to start is
+    /// it, and the ones after it are its triggers' and functions' statements.
+    static SERVE_TOP: Cell<bool> = const { Cell::new(false) };
     /// Above zero while the extension reads this node's copy as it is, on purpose
     /// (`count_local`): no routing, no read barrier.
     static LOCAL_READS: Cell<u32> = const { Cell::new(0) };
@@ -263,20 +266,75 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
         let Some((table, partition)) = (unsafe { replication::range_target(relid) }) else {
             continue;
         };
-        if let Some(l) = elsewhere
+        let Some(l) = elsewhere
             .iter()
             .find(|l| l.table == table && (l.partition.is_none() || l.partition == partition))
-        {
-            MrError::WriteNotServed {
-                message: format!(
-                    "the statement locks rows of range {} (leaseholder: {}) and touches ranges leased on different nodes: run here, its locks would be taken on this node's copy",
-                    l.range_id,
-                    l.leaseholder.map_or("none yet".into(), |h| format!("node {h}"))
-                ),
-                hint: "Lock each leaseholder's rows in its own statement (name the rows' region: WHERE crdb_region = ...), or lock only tables leased on this node (FOR UPDATE OF ...).".into(),
-            }
+        else {
+            continue;
+        };
+        let Some(holder) = l.leaseholder else {
+            // A failover: the range has a leaseholder again within seconds.
+            MrError::Retryable(format!(
+                "the statement locks rows of range {}, which has no leaseholder yet",
+                l.range_id
+            ))
             .raise();
+        };
+        let message = format!(
+            "the statement locks rows of range {} (leaseholder: node {holder}) and touches ranges leased on different nodes: run here, its locks would be taken on this node's copy",
+            l.range_id
+        );
+        let hint = if qd.operation == pg_sys::CmdType::CMD_SELECT {
+            "Lock each leaseholder's rows in its own statement (name the rows' region: WHERE crdb_region = ...), or lock only tables leased on this node (FOR UPDATE OF ...)."
+        } else {
+            "Lock the rows the subquery reads in a statement of their own first (SELECT ... FOR UPDATE, which runs where they are leased), then change rows without FOR UPDATE in the subquery, in the same transaction."
+        };
+        MrError::WriteNotServed {
+            message,
+            hint: hint.into(),
         }
+        .raise();
+    }
+}
+
+/// A statement inside one served for another node (a trigger's or a function's) is never
+/// routed: it runs here. One that locks rows leased elsewhere would take those locks on this
+/// node's copy, so it is refused: at once if one other node leases everything it touches,
+/// else once started, if its pruned plan still scans such a range
+/// ([`refuse_locks_on_copies`]).
+///
+/// # Safety
+/// As [`executor_start`].
+#[allow(unsafe_code)]
+unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
+    // SAFETY: as this function's contract.
+    let locked = unsafe { replication::locked_ranges(qd) };
+    if locked.is_empty() {
+        return;
+    }
+    // SAFETY: as this function's contract.
+    let (targets, _) = unsafe { replication::touched_ranges(qd) };
+    let how = sidecar::RouteHow {
+        write: true,
+        locked,
+        ..sidecar::RouteHow::default()
+    };
+    match sidecar::route_with(database(), targets, Vec::new(), how) {
+        Ok(sidecar::Route {
+            forward_to: Some(node),
+            ..
+        }) => MrError::WriteNotServed {
+            message: format!(
+                "a statement inside one that runs for another node's transaction (a trigger's or a function's) locks rows leased on node {node}: its locks would be taken on this node's copy"
+            ),
+            hint: "Lock those rows in a statement of the transaction's own, before the statement whose trigger or function needs them.".into(),
+        }
+        .raise(),
+        Ok(r) if !r.locked_elsewhere.is_empty() => {
+            LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
+        }
+        Ok(_) => {}
+        Err(e) => e.raise(),
     }
 }
 
@@ -315,6 +373,11 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         // SAFETY: as this function's contract.
         if unsafe { defer_referential(qd, key) } {
             return;
+        }
+        // A foreign key's query was placed just above (its REPEATABLE READ gap: §9).
+        if !SERVE_TOP.with(|t| t.replace(false)) && crate::ri::current().is_none() {
+            // SAFETY: as this function's contract.
+            unsafe { check_nested_locks(qd, key) };
         }
         // SAFETY: as this function's contract.
         unsafe { replication::read_barrier(qd, eflags) };
@@ -2679,6 +2742,7 @@ fn exec_share(
     impl Drop for Serving {
         fn drop(&mut self) {
             SERVING.with(|s| s.set(s.get().saturating_sub(1)));
+            SERVE_TOP.with(|t| t.set(false));
             if let Some(prev) = self.prev_region.take() {
                 GATEWAY_REGION.with(|g| *g.borrow_mut() = prev);
             }
@@ -2694,6 +2758,7 @@ fn exec_share(
         .raise();
     }
     SERVING.with(|s| s.set(s.get() + 1));
+    SERVE_TOP.with(|t| t.set(true));
     let guard = Serving {
         prev_region: gateway_region
             .map(|r| GATEWAY_REGION.with(|g| g.borrow_mut().replace(r.to_string()))),
