@@ -2978,6 +2978,29 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
         .rows_affected();
     assert_eq!(n, 1);
     exec(&mut east, "DROP TRIGGER lock_flag ON accounts").await;
+    // A served TRUNCATE starts no executor of its own: its trigger's statements are the
+    // nested ones (`limits` is leased on node 2).
+    exec(
+        &mut east,
+        "CREATE TRIGGER lock_flag BEFORE TRUNCATE ON limits EXECUTE FUNCTION lock_flag()",
+    )
+    .await;
+    exec(
+        &mut east,
+        "CREATE OR REPLACE FUNCTION lock_flag() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN EXECUTE 'SELECT 1 FROM flags WHERE id = 1 FOR UPDATE'; RETURN NULL; END $$",
+    )
+    .await;
+    let err = sqlx::raw_sql("TRUNCATE limits")
+        .execute(&mut east)
+        .await
+        .expect_err("served on node 2, its trigger locks rows leased on node 1");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("a trigger's or a function's"),
+        "{err}"
+    );
+    exec(&mut east, "DROP TRIGGER lock_flag ON limits").await;
     exec(&mut east, "DROP FUNCTION lock_flag()").await;
 
     let b = balances_converged(&nodes).await;

@@ -226,19 +226,19 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     if qd.planstate.is_null() {
         return;
     }
-    /// Collects the relation of every scan the started plan runs, subplans included.
-    #[pg_guard]
-    unsafe extern "C-unwind" fn scans(
-        ps: *mut pg_sys::PlanState,
-        relids: *mut std::ffi::c_void,
-    ) -> bool {
+    /// Collects the relation of every scan under `ps`, subplans included. Not guarded itself
+    /// (an error unwinds as a panic through the guarded walker call), so that this function's
+    /// caller may own values; only the callback PostgreSQL calls is guarded.
+    ///
+    /// # Safety
+    /// `ps` is a node of a started plan's state tree.
+    unsafe fn collect(ps: *mut pg_sys::PlanState, relids: &mut Vec<pg_sys::Oid>) {
         use pg_sys::NodeTag::*;
-        // SAFETY: `ps` is a node of the started plan's state tree; these node types are
-        // ScanStates (a PlanState first), whose current relation is open; `relids` is the
-        // Vec passed below, alive for the walk.
+        // SAFETY: as this function's contract; these node types are ScanStates (a PlanState
+        // first), whose current relation is open.
         unsafe {
             if ps.is_null() {
-                return false;
+                return;
             }
             if matches!(
                 (*ps).type_,
@@ -252,15 +252,26 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
             ) {
                 let rel = (*(ps as *mut pg_sys::ScanState)).ss_currentRelation;
                 if !rel.is_null() {
-                    (*(relids as *mut Vec<pg_sys::Oid>)).push((*rel).rd_id);
+                    relids.push((*rel).rd_id);
                 }
             }
-            pg_sys::planstate_tree_walker(ps, Some(scans), relids)
+            pg_sys::planstate_tree_walker(ps, Some(child), relids as *mut Vec<_> as *mut _);
         }
+    }
+    /// [`collect`] for each child node, as PostgreSQL's walker calls it.
+    #[pg_guard]
+    unsafe extern "C-unwind" fn child(
+        ps: *mut pg_sys::PlanState,
+        relids: *mut std::ffi::c_void,
+    ) -> bool {
+        // SAFETY: `ps` is a child of a node `collect` walks; `relids` is its Vec, alive for
+        // the walk.
+        unsafe { collect(ps, &mut *(relids as *mut Vec<pg_sys::Oid>)) };
+        false
     }
     let mut relids: Vec<pg_sys::Oid> = Vec::new();
     // SAFETY: the started plan's state tree, walked while the QueryDesc lives.
-    unsafe { scans(qd.planstate, &mut relids as *mut Vec<pg_sys::Oid> as *mut _) };
+    unsafe { collect(qd.planstate, &mut relids) };
     for relid in relids {
         // SAFETY: the executor holds the scanned relations open and locked.
         let Some((table, partition)) = (unsafe { replication::range_target(relid) }) else {
@@ -314,8 +325,11 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
     }
     // SAFETY: as this function's contract.
     let (targets, _) = unsafe { replication::touched_ranges(qd) };
+    // As a change (`modifies`): where the rows are leased, without the read barrier a
+    // locking read passes there (a quorum round per row of a row trigger).
     let how = sidecar::RouteHow {
         write: true,
+        modifies: true,
         locked,
         ..sidecar::RouteHow::default()
     };
@@ -2758,7 +2772,6 @@ fn exec_share(
         .raise();
     }
     SERVING.with(|s| s.set(s.get() + 1));
-    SERVE_TOP.with(|t| t.set(true));
     let guard = Serving {
         prev_region: gateway_region
             .map(|r| GATEWAY_REGION.with(|g| g.borrow_mut().replace(r.to_string()))),
@@ -2813,6 +2826,9 @@ fn exec_share(
             }
             _ => None,
         };
+        // The next statement to start is the served one (its parameters were read above, a
+        // domain's check included); a TRUNCATE starts none, so its triggers' are all nested.
+        SERVE_TOP.with(|t| t.set(tag != pg_sys::NodeTag::T_TruncateStmt));
         pg_sys::SPI_connect();
         let rc = pg_sys::SPI_execute_with_args(
             sql_c.as_ptr(),
