@@ -633,7 +633,8 @@ unsafe fn locking_marks(ps: &pg_sys::PlannedStmt) -> Vec<pg_sys::Index> {
 /// The replicated ranges whose rows the statement locks besides its result relations
 /// ([`locking_marks`]): a partition for each locked partition of a REGIONAL BY ROW table, the
 /// table for another. Run over several leaseholders' copies, these locks would conflict with
-/// nothing where the rows are leased, so pgmr refuses such a statement.
+/// nothing where the rows are leased: pgmr answers which are leased elsewhere, and the
+/// started statement is refused if it still scans one (`routing::refuse_locks_on_copies`).
 ///
 /// # Safety
 /// As [`statement_targets`].
