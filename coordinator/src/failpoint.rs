@@ -18,6 +18,11 @@ pub const SNAPSHOT_BEFORE_KEEP: &str = "snapshot-before-keep";
 /// A part's node that knows the decision does not copy it into the ranges it prepared in
 /// (as when their leadership moved meanwhile): their appliers must get it there themselves.
 pub const NO_DECISION_COPY: &str = "2pc-no-decision-copy";
+/// A replica whose log lags (its range's copy of the decision, and anything else that would
+/// tell it, not there yet): its appliers wait at a `Prepare` entry knowing nothing, ask the
+/// anchor only once they would propose abort, and see their own records again a few seconds
+/// after that. By then the transaction may be forgotten everywhere else.
+pub const LATE_ASK: &str = "2pc-late-ask";
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

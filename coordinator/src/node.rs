@@ -613,6 +613,14 @@ impl Node {
         self.ranges.get().map(|r| r.progress()).unwrap_or_default()
     }
 
+    /// Two-phase commit decisions kept on this node: its own records and its ranges'.
+    pub fn decision_counts(&self) -> (u64, u64) {
+        self.ranges
+            .get()
+            .map(|r| r.decision_counts())
+            .unwrap_or_default()
+    }
+
     /// Forwarded steps this node's backends sent, by kind (`/metrics`).
     pub fn forwarded_steps(&self) -> Vec<(&'static str, u64)> {
         self.ranges
@@ -1627,6 +1635,10 @@ impl Handler for Node {
                 Some(r) => {
                     Box::pin(async move { r.serve_finish_prepared(database, name, commit).await })
                 }
+                None => Box::pin(async move { not_ready() }),
+            },
+            PeerRequest::ForgetDecisions { range_id, gids } => match self.ranges.get().cloned() {
+                Some(r) => Box::pin(async move { r.serve_forget(range_id, gids).await }),
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::SealRange { range_id } => match self.ranges.get().cloned() {

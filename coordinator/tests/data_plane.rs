@@ -1674,6 +1674,135 @@ async fn a_part_range_takes_its_decision_from_its_own_log_when_the_anchor_is_cut
     check_consistency(&nodes[1]);
 }
 
+/// Two-phase commit decisions kept on `node`: (its own records, its range replicas').
+async fn decisions_kept(node: &Node) -> (f64, f64) {
+    (
+        metric(node.pg_port, "pgmr_decisions_kept{kind=\"node\"}").await,
+        metric(node.pg_port, "pgmr_decisions_kept{kind=\"range\"}").await,
+    )
+}
+
+/// Committed transactions over several ranges are forgotten everywhere once their
+/// coordinator has confirmed that every part range's log holds the commit and every prepared
+/// part has ended: transfers between regions through each node (a remote part prepared by
+/// `PREPARE TRANSACTION`, its ranges named in its answer), and a transaction over two ranges
+/// of one node (prepared entries only). No node keeps a record of any of them, the anchors'
+/// and the part ranges' records included; the rows are where they were. Before forgetting,
+/// every such transaction left about 40 bytes on every replica of each of its ranges and on
+/// every node, forever (ARCHITECTURE.md §8.5, "Forgetting decisions").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_decisions_are_forgotten_everywhere() {
+    let dir = scratch("data-2pc-forget");
+    let nodes = start_cluster(dir.path(), 79, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 3;
+    regional_bank(&nodes, PER).await;
+    balances_converged(&nodes).await;
+    let mut tid = 0;
+    for (i, (from, to)) in [(1, 4), (4, 7), (7, 1)].into_iter().enumerate() {
+        let mut c = connect(&nodes[i], "mr").await.unwrap();
+        for _ in 0..3 {
+            tid += 1;
+            exec(
+                &mut c,
+                &format!(
+                    "BEGIN; {}; {}; COMMIT",
+                    transfer_sql(from, PER, -10, tid),
+                    transfer_sql(to, PER, 10, tid)
+                ),
+            )
+            .await;
+        }
+    }
+    // Two ranges leased by the us-east1 node: its partition of `accounts` and `audit`.
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east,
+        &format!(
+            "BEGIN; {}; INSERT INTO audit VALUES (1, 'one'); COMMIT",
+            transfer_sql(2, PER, -1, 100)
+        ),
+    )
+    .await;
+    for n in &nodes {
+        eventually(
+            "every committed transaction's decision forgotten on the node",
+            Duration::from_secs(60),
+            || async { (decisions_kept(n).await == (0.0, 0.0)).then_some(()) },
+        )
+        .await;
+    }
+    let b = balances_converged(&nodes).await;
+    let balance = |id: i32| b.iter().find(|r| r.1 == id).unwrap().2;
+    assert_eq!(
+        (balance(1), balance(2), balance(4), balance(7)),
+        (1000, 999, 1000, 1000),
+        "{b:?}"
+    );
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[1]);
+}
+
+/// A replica whose log lags reaches its `Prepare` entry after the transaction was forgotten
+/// everywhere else, and asks the anchor, which no longer knows it: after 20 s it proposes
+/// abort, and the anchor records that abort anew (`PGMR_FAILPOINT=2pc-late-ask` on the
+/// europe-west1 node: its appliers know nothing of the transaction until then, as when its
+/// log had not yet received its range's copy of the decision). It still applies the commit:
+/// an anchor's abort only ever reaches it as a copy proposed into its own range's log, behind
+/// the commit already there, and it passes on its own log's record. When appliers went by
+/// the anchor's answer, that replica skipped the committed rows and differed from the others
+/// (run and seen; ARCHITECTURE.md §8.5, "Forgetting decisions").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_abort_after_a_forget_does_not_skip_committed_rows() {
+    let dir = scratch("data-2pc-late-abort");
+    let mut nodes = start_cluster(dir.path(), 81, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 3;
+    regional_bank(&nodes, PER).await;
+    balances_converged(&nodes).await;
+    nodes[2].crash();
+    nodes[2].restart_with_env(&[("PGMR_FAILPOINT", "2pc-late-ask")]);
+    eventually(
+        "the europe-west1 node back",
+        Duration::from_secs(90),
+        || try_connect(nodes[2].pg_port),
+    )
+    .await;
+    balances_converged(&nodes).await;
+
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east,
+        &format!(
+            "BEGIN; {}; {}; COMMIT",
+            transfer_sql(1, PER, -100, 1),
+            transfer_sql(4, PER, 100, 1)
+        ),
+    )
+    .await;
+    // Forgotten by the nodes whose appliers know the decision (the europe-west1 node's
+    // replicas still hold theirs, waiting at the transaction's entries).
+    for n in &nodes[..2] {
+        eventually(
+            "the transfer forgotten on the node",
+            Duration::from_secs(15),
+            || async { (decisions_kept(n).await.1 == 0.0).then_some(()) },
+        )
+        .await;
+    }
+    // The europe-west1 node's late question records an abort anew on the anchor...
+    eventually(
+        "the anchor to record the late abort",
+        Duration::from_secs(60),
+        || async { (decisions_kept(&nodes[0]).await.1 > 0.0).then_some(()) },
+    )
+    .await;
+    // ... and its replicas still apply the commit, as every other replica did.
+    let b = balances_converged(&nodes).await;
+    let balance = |id: i32| b.iter().find(|r| r.1 == id).unwrap().2;
+    assert_eq!((balance(1), balance(4)), (900, 1100), "{b:?}");
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[1]);
+}
+
 /// One client of the regional bank: transfers of 5 between random accounts of any region,
 /// each one simple-protocol transaction (SERIALIZABLE for odd `i`, holding each node's turn,
 /// else READ COMMITTED), through the node at `port` until `until`. Returns the transfers

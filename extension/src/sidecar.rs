@@ -323,6 +323,7 @@ fn forwarded(response: LocalResponse) -> Result<Forwarded, MrError> {
             keys,
             deferred,
             wrote,
+            ..
         } => Ok(Forwarded {
             rows: (processed, rows, moved),
             keys,

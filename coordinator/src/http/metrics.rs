@@ -114,6 +114,27 @@ pub async fn render(node: &Node) -> String {
          kind (a statement that commits in the same message costs one round trip)",
         steps,
     );
+    let (node_records, range_records) = node.decision_counts();
+    family(
+        &mut r,
+        "decisions_kept",
+        "Two-phase commit decisions recorded here and not forgotten yet: this node's records \
+         (kind=node) and its range replicas' (kind=range)",
+        vec![
+            (
+                Step {
+                    kind: "node".into(),
+                },
+                node_records as f64,
+            ),
+            (
+                Step {
+                    kind: "range".into(),
+                },
+                range_records as f64,
+            ),
+        ],
+    );
     // Raft: the meta group and every range replica here.
     let mut last = Vec::new();
     let mut commit = Vec::new();

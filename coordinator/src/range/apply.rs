@@ -230,6 +230,21 @@ async fn step(
                     }
                 }
                 TxnKind::Decide { .. } | TxnKind::Seal => advance(c, g.range_id, index).await,
+                TxnKind::Forget { gids } => {
+                    // Here, not in the state machine: this replica's applier is past every
+                    // `Prepare` of these transactions now, however far behind the log it
+                    // runs. Deleted before the cursor moves: a crash between deletes again.
+                    let sealed = store::sealed(db, g.range_id)
+                        .map_err(|e| format!("reading the seal: {e}"))?;
+                    if !sealed {
+                        store::forget_decisions(db, Some(g.range_id), gids)
+                            .map_err(|e| format!("forgetting decisions: {e}"))?;
+                        if let Some(r) = ctx.ranges.upgrade() {
+                            r.note_forgotten(g.range_id, gids);
+                        }
+                    }
+                    advance(c, g.range_id, index).await
+                }
                 TxnKind::Batch { also } => {
                     g.saw_data(true);
                     apply_batch(c, g.range_id, index, w, also).await
@@ -277,22 +292,28 @@ fn prepared_here<'a>(
 /// first `Decide` for it in this range's own log, which the part's node copies in once it
 /// knows the decision (`spread_decision`), or this node's record of it (a decision it holds
 /// is the transaction's). If neither has come after [`ASK_AFTER`] (the part's leadership
-/// moved, its node died, the decision came late), this replica learns the decision from the
-/// anchor, watching its own log meanwhile. Whichever way it passes without its range's
-/// record, it has the range's leader copy the decision in if none has come a moment later:
-/// so every part range's log comes to hold its transaction's decision, and a replica that
-/// knows nothing else reads it there (ARCHITECTURE.md §8.5, "Costs": what lets the anchor
-/// forget it). A sealed range (being dropped) takes no copies: a commit copied after its
-/// seal is abort there, so its entries go by this node's record alone.
+/// moved, its node died, the decision came late), this replica asks the anchor, watching its
+/// own log meanwhile ([`learned`]): it takes a commit, but has an abort copied into its
+/// range's log and passes on its own log's record, which is the first `Decide` there. An
+/// anchor that forgot a commit (every part range's log held it first) can answer a late
+/// abort, which lands behind the commit in this log (ARCHITECTURE.md §8.5, "Forgetting
+/// decisions").
+/// Passing on this node's record, it has the range's leader copy the decision in if none has
+/// come a moment later: so every part range's log comes to hold its transaction's decision.
+/// A sealed range (being dropped) takes no copies: a commit copied after its seal is abort
+/// there, so its entries go by a commit it recorded, this node's record, or the anchor.
 async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
     let first = Instant::now();
     let mut asked = None::<Instant>;
+    let late = crate::failpoint::armed_as(crate::failpoint::LATE_ASK);
+    let blind = || late && first.elapsed() < ABORT_AFTER + Duration::from_secs(5);
+    let ask_after = if late { ABORT_AFTER } else { ASK_AFTER };
     loop {
-        if let Some(d) = own_decision(ctx, gid)? {
+        if let Some(d) = own_decision(ctx, gid)?.filter(|_| !blind()) {
             return Ok(d);
         }
         let waited = first.elapsed();
-        if waited >= ASK_AFTER && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
+        if waited >= ask_after && asked.is_none_or(|a| a.elapsed() >= ASK_AFTER) {
             asked = Some(Instant::now());
             // The copy may land while the anchor is still being asked (or cannot be
             // reached): keep looking at the log meanwhile.
@@ -301,14 +322,11 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
             loop {
                 tokio::select! {
                     d = &mut learned => match d? {
-                        Some(d) => {
-                            ensure_copy(ctx, gid, d, Duration::ZERO);
-                            return Ok(d);
-                        }
+                        Some(d) => return Ok(d),
                         None => break,
                     },
                     _ = tokio::time::sleep(Duration::from_millis(10)) => {
-                        if let Some(d) = own_decision(ctx, gid)? {
+                        if let Some(d) = own_decision(ctx, gid)?.filter(|_| !blind()) {
                             return Ok(d);
                         }
                     }
@@ -325,16 +343,15 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
 }
 
 /// `gid`'s decision as the applier may take it without asking: the range's own record
-/// (unless the range is sealed), else this node's; taking the node's, it makes sure a copy
-/// reaches the range's log.
+/// (of a sealed range, only a commit: an abort there may be a commit copied after the seal),
+/// else this node's; taking the node's, it makes sure a copy reaches the range's log.
 fn own_decision(ctx: &Ctx<'_>, gid: &str) -> Result<Option<bool>, String> {
     let range = ctx.g.range_id;
     let read = |e: redb::Error| format!("reading decisions: {e}");
     let sealed = store::sealed(ctx.db, range).map_err(|e| format!("reading the seal: {e}"))?;
-    if !sealed {
-        if let Some(d) = store::range_decision(ctx.db, range, gid).map_err(read)? {
-            return Ok(Some(d));
-        }
+    match store::range_decision(ctx.db, range, gid).map_err(read)? {
+        Some(d) if d || !sealed => return Ok(Some(d)),
+        _ => {}
     }
     let known = store::decision(ctx.db, gid).map_err(read)?;
     if let Some(d) = known {
@@ -368,7 +385,8 @@ fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool, delay: Duration) {
         let (_, gid) = &key;
         let wanted = r.group(range).is_some()
             && matches!(store::sealed(&r.db, range), Ok(false))
-            && matches!(store::range_decision(&r.db, range, gid), Ok(None));
+            && matches!(store::range_decision(&r.db, range, gid), Ok(None))
+            && !r.forgot_lately(range, gid);
         if wanted {
             if let Err(e) = r.copy_decision(range, gid, commit).await {
                 tracing::debug!(range, gid, "could not copy a decision into the range: {e}");
@@ -378,7 +396,14 @@ fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool, delay: Duration) {
     });
 }
 
-/// [`learn`], from a weak handle on the node's ranges.
+/// [`learn`], from a weak handle on the node's ranges. A commit is taken as answered (only a
+/// coordinator proposes one, once the anchor recorded it: it is the decision wherever it is
+/// read), and copied in. An abort may be a forgetful anchor's late one: it is copied into
+/// this range's log, and `None` answered (the range's own record, read by the caller, is
+/// what counts; a commit copied before stands first there). A range that takes no copies
+/// takes an abort once this replica has applied the range's seal (any commit copied before
+/// it is then in its records, and without one the anchor kept its decision: the coordinator
+/// forgets nothing it could not copy), or if the range was dropped unsealed.
 async fn learned(
     ctx: &Ctx<'_>,
     anchor: u64,
@@ -388,7 +413,33 @@ async fn learned(
     let Some(r) = ctx.ranges.upgrade() else {
         return Ok(None);
     };
-    learn(ctx, &r, anchor, gid, waited).await
+    let blind = crate::failpoint::armed_as(crate::failpoint::LATE_ASK);
+    let Some(d) = learn(ctx, &r, anchor, gid, waited, blind).await? else {
+        return Ok(None);
+    };
+    let range = ctx.g.range_id;
+    if d {
+        ensure_copy(ctx, gid, true, Duration::ZERO);
+        return Ok(Some(true));
+    }
+    match r.copy_decision(range, gid, false).await {
+        // In the log now (this replica reads its record once it applies that far).
+        Ok(Some(_)) => Ok(None),
+        Ok(None) => {
+            let sealed_here =
+                store::sealed(ctx.db, range).map_err(|e| format!("reading the seal: {e}"))?;
+            let dropped_unsealed = !r.range_exists(range) && r.sealed_by(range).is_none();
+            Ok((sealed_here || dropped_unsealed).then_some(false))
+        }
+        Err(e) => {
+            tracing::debug!(
+                range = ctx.g.range_id,
+                gid,
+                "could not copy a decision into the range: {e}"
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// `gid`'s decision as this node knows it, or as the anchor's leaseholder answers, which is
@@ -400,9 +451,12 @@ async fn learn(
     anchor: u64,
     gid: &str,
     waited: Duration,
+    blind: bool,
 ) -> Result<Option<bool>, String> {
     if let Some(d) = store::decision(ctx.db, gid).map_err(|e| format!("reading decisions: {e}"))? {
-        return Ok(Some(d));
+        if !blind {
+            return Ok(Some(d));
+        }
     }
     // An anchor that no longer exists (its table or partition dropped, e.g. by DROP REGION,
     // after the transaction prepared and before it was decided there) records nothing more:
@@ -430,7 +484,7 @@ async fn learn(
     let propose = (waited >= ABORT_AFTER
         && (waited >= super::twophase::COORDINATOR_LIMIT || !r.coordinator_alive(gid).await))
         .then_some(false);
-    Ok(r.decide(anchor, gid, propose).await.ok().flatten())
+    Ok(r.ask(anchor, gid, propose).await.ok().flatten())
 }
 
 /// The rows of the `of` entries of a transaction split over several entries of this range,

@@ -138,6 +138,7 @@ impl Ranges {
                 keys: Vec::new(),
                 deferred: Vec::new(),
                 wrote: false,
+                prepared_ranges: Vec::new(),
             };
         }
         let ends = req.finish.is_some();
@@ -302,6 +303,7 @@ impl Ranges {
                     keys: Vec::new(),
                     deferred: Vec::new(),
                     wrote: false,
+                    prepared_ranges: Vec::new(),
                 }
             }
             (None, None) => {
@@ -356,6 +358,12 @@ impl Ranges {
                 }
             }
         }
+        // A prepare's part ranges, noted as its pre-prepare wrote them (taken whatever the
+        // outcome, so that a failed prepare leaves no note behind).
+        let prepared_ranges = match &req.finish {
+            Some(Finish::Prepare(p)) => self.take_prepared(&p.gid),
+            _ => Vec::new(),
+        };
         match outcome {
             Ok(Outcome::Rows((processed, rows, moved, keys, deferred, wrote))) => {
                 LocalResponse::Forwarded {
@@ -365,6 +373,7 @@ impl Ranges {
                     keys,
                     deferred,
                     wrote,
+                    prepared_ranges,
                 }
             }
             // A part that wrote and locked nothing committed instead of preparing.

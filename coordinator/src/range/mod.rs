@@ -28,6 +28,7 @@
 pub mod apply;
 mod check;
 pub mod fence;
+mod forget;
 mod forward;
 mod snapshot;
 pub mod store;
@@ -285,6 +286,8 @@ pub struct Ranges {
     /// Decisions being copied into a part range by this node now, by (range, gid)
     /// ([`apply`]): one copy at a time each.
     copying: Mutex<BTreeSet<(u64, String)>>,
+    /// Committed transactions on their way to being forgotten ([`forget`]).
+    forgetting: forget::Forgetting,
 }
 
 /// A split statement's shares: each leaseholder (`None`: this node) and its partitions.
@@ -519,6 +522,7 @@ impl Ranges {
             sessions: forward::Sessions::default(),
             coordinating: Mutex::new(BTreeSet::new()),
             copying: Mutex::new(BTreeSet::new()),
+            forgetting: forget::Forgetting::default(),
         }))
     }
 
@@ -555,6 +559,7 @@ impl Ranges {
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         tokio::spawn(self.clone().run_session_upkeep(stop.clone()));
         tokio::spawn(self.clone().run_merge_seed_sweep(stop.clone()));
+        tokio::spawn(self.clone().run_forgetting(stop.clone()));
         let mut tick = tokio::time::interval(MANAGE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

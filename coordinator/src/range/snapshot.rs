@@ -245,12 +245,14 @@ impl Source {
                 .unwrap_or_default();
         }
         sqlx::query("COMMIT").execute(&mut *c).await.map_err(e)?;
-        // Every one: a part's replica that was away for a day or a month asks for its
-        // transaction's decision when it reaches the `Prepare` entry, and a replica of the
-        // anchor that started from this snapshot may be the one that answers. Carrying only
-        // the last day's let such a leader record an abort for a transaction its log had
-        // committed.
-        let decisions = super::store::range_decisions(db, range_id)
+        // Every one recorded up to the cursor, however old: a part's replica that was away
+        // for a day or a month asks for its transaction's decision when it reaches the
+        // `Prepare` entry, and a replica of the anchor that started from this snapshot may be
+        // the one that answers (carrying only the last day's let such a leader record an
+        // abort for a transaction its log had committed). None recorded after it: the
+        // receiver's state machine records those from the entries after the cursor, and one
+        // may be a late abort recorded anew after a `Forget` this snapshot's rows precede.
+        let decisions = super::store::range_decisions(db, range_id, index)
             .map_err(|e| format!("reading the range's decisions: {e}"))?;
         let sealed_at = super::store::sealed_at(db, range_id)
             .map_err(|e| format!("reading the range's seal: {e}"))?;

@@ -18,7 +18,7 @@ use openraft::{
     AnyError, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
     SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
-use redb::{Database, Durability, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableTable, TableDefinition, TableHandle};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
@@ -35,15 +35,24 @@ type AppliedState = (Option<LogId<u64>>, StoredMembership<u64, RangeNode>);
 
 const LOG: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("range_log");
 const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_meta");
-/// Two-phase commit decisions this node knows, by transaction (1 commit, 0 abort): from
-/// `Decide` entries of anchor ranges it holds (the first per transaction), and from anchors'
-/// leaseholders asked by the applier.
+/// Two-phase commit decisions this node knows, by transaction (1 commit, 0 abort): commits
+/// from any range's log (only a coordinator proposes one), aborts only on the coordinator's
+/// word (its own decision, `FinishPrepared`, the sweep's resolution of a prepared transaction
+/// held here). Never an abort read from a log: an anchor that forgot a commit can record a
+/// late abort anew, and a node record is what other ranges' appliers here may go by
+/// (ARCHITECTURE.md §8.5, "Forgetting decisions", rule 3). A cache: `Forget` entries delete it.
 const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions");
 /// The decisions each range's log recorded, by (range, transaction): (1 commit / 0 abort,
-/// the `Decide` entry's time). Part of the range's replicated state: snapshots carry all of
-/// them, so a replica that joined from a snapshot answers as one that applied the whole log
-/// (a part's replica may reach its `Prepare` entry after any time away, and ask).
+/// the index of the `Decide` entry that recorded it, or of the snapshot that carried it; 0:
+/// recorded before indexes were kept). Part of the range's replicated state: a snapshot at
+/// index I carries those recorded at or below I, so a replica that joined from it answers as
+/// one that applied the whole log, and never holds an abort recorded anew after a `Forget`
+/// unless its cursor is past that `Forget` too (§8.5, "Forgetting decisions", rule 6).
 const RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
+    TableDefinition::new("range_decisions_at");
+/// [`RANGE_DECISIONS`] as kept before each record had its index (the second value was the
+/// entry's time): moved into it, with index 0, when the store opens.
+const OLD_RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
     TableDefinition::new("range_decisions");
 /// The index of the range's `Seal` entry, once applied here.
 const SEALED: &str = "sealed";
@@ -75,6 +84,21 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<Database>> {
     tx.open_table(META)?;
     tx.open_table(DECISIONS)?;
     tx.open_table(RANGE_DECISIONS)?;
+    let old = tx
+        .list_tables()?
+        .any(|t| t.name() == OLD_RANGE_DECISIONS.name());
+    if old {
+        {
+            let from = tx.open_table(OLD_RANGE_DECISIONS)?;
+            let mut to = tx.open_table(RANGE_DECISIONS)?;
+            for kv in from.iter()? {
+                let (k, v) = kv?;
+                let (range, gid) = k.value();
+                to.insert((range, gid), (v.value().0, 0))?;
+            }
+        }
+        tx.delete_table(OLD_RANGE_DECISIONS)?;
+    }
     tx.commit()?;
     Ok(Arc::new(db))
 }
@@ -179,6 +203,16 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
     Ok(t.get(gid)?.map(|v| v.value() == 1))
 }
 
+/// How many decisions this node records (`txn_decisions`) and its ranges' records hold in
+/// all (`range_decisions_at`): what forgetting keeps small (`/metrics`).
+pub fn decision_counts(db: &Database) -> Result<(u64, u64), redb::Error> {
+    use redb::ReadableTableMetadata;
+    let tx = db.begin_read()?;
+    let node = tx.open_table(DECISIONS)?.len()?;
+    let ranges = tx.open_table(RANGE_DECISIONS)?.len()?;
+    Ok((node, ranges))
+}
+
 /// The decision range `range`'s own log recorded for `gid` (its first `Decide` for it), if
 /// this replica has applied it.
 pub fn range_decision(db: &Database, range: u64, gid: &str) -> Result<Option<bool>, redb::Error> {
@@ -187,8 +221,13 @@ pub fn range_decision(db: &Database, range: u64, gid: &str) -> Result<Option<boo
     Ok(t.get((range, gid))?.map(|v| v.value().0 == 1))
 }
 
-/// Every decision range `range`'s log recorded, however old: (transaction, commit).
-pub fn range_decisions(db: &Database, range: u64) -> Result<Vec<(String, bool)>, redb::Error> {
+/// Every decision range `range`'s log recorded at or below index `upto`, however old, and
+/// not forgotten since: (transaction, commit).
+pub fn range_decisions(
+    db: &Database,
+    range: u64,
+    upto: u64,
+) -> Result<Vec<(String, bool)>, redb::Error> {
     let tx = db.begin_read()?;
     let t = tx.open_table(RANGE_DECISIONS)?;
     let mut out = Vec::new();
@@ -198,20 +237,52 @@ pub fn range_decisions(db: &Database, range: u64) -> Result<Vec<(String, bool)>,
         if r != range {
             break;
         }
-        let (commit, _at_ms) = v.value();
-        out.push((gid.to_string(), commit == 1));
+        let (commit, index) = v.value();
+        if index <= upto {
+            out.push((gid.to_string(), commit == 1));
+        }
     }
     Ok(out)
 }
 
-/// Records the decisions a snapshot of `range` carries, as its log recorded them (a decision
-/// known here already stands: both are the transaction's one decision).
+/// Forgets range `range`'s records of committed transactions `gids`, and this node's: done
+/// by the range's applier at its `Forget` entry, so past every `Prepare` entry of theirs in
+/// this replica's log (rule 5). Nothing needs them again: their coordinator had every
+/// part range's log hold the commit and every prepared part end first.
+/// Without `range`, only this node's records (the coordinator's, once it is done with them).
+pub fn forget_decisions(
+    db: &Database,
+    range: Option<u64>,
+    gids: &[String],
+) -> Result<(), redb::Error> {
+    crate::blocking::run(|| {
+        // Synced (one per `Forget` entry, which batches many): the applier's cursor moves past
+        // the entry next, durably, and a deletion lost in a crash would never be done again.
+        let tx = db.begin_write()?;
+        {
+            let mut node = tx.open_table(DECISIONS)?;
+            let mut mine = tx.open_table(RANGE_DECISIONS)?;
+            for gid in gids {
+                if let Some(r) = range {
+                    mine.remove((r, gid.as_str()))?;
+                }
+                node.remove(gid.as_str())?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    })
+}
+
+/// Records the decisions a snapshot of `range` at `index` carries, as its log recorded them
+/// (a decision known here already stands: both are the transaction's one decision); the
+/// commits are this node's records too.
 pub fn install_range_decisions(
     db: &Database,
     range: u64,
     decisions: &[(String, bool)],
     sealed_at: Option<u64>,
-    at_ms: u64,
+    index: u64,
 ) -> Result<(), redb::Error> {
     if decisions.is_empty() && sealed_at.is_none() {
         return Ok(());
@@ -227,11 +298,11 @@ pub fn install_range_decisions(
             let mut t = tx.open_table(DECISIONS)?;
             let mut mine = tx.open_table(RANGE_DECISIONS)?;
             for (gid, commit) in decisions {
-                if t.get(gid.as_str())?.is_none() {
-                    t.insert(gid.as_str(), u8::from(*commit))?;
+                if *commit && t.get(gid.as_str())?.is_none() {
+                    t.insert(gid.as_str(), 1)?;
                 }
                 if mine.get((range, gid.as_str()))?.is_none() {
-                    mine.insert((range, gid.as_str()), (u8::from(*commit), at_ms))?;
+                    mine.insert((range, gid.as_str()), (u8::from(*commit), index))?;
                 }
             }
         }
@@ -251,7 +322,9 @@ pub fn sealed(db: &Database, range: u64) -> Result<bool, redb::Error> {
     Ok(sealed_at(db, range)?.is_some())
 }
 
-/// Records `gid`'s decision as learned from its anchor's leaseholder (unless one is known).
+/// Records `gid`'s decision on its coordinator's word (unless one is known): the coordinator's
+/// own, a `FinishPrepared` from it, or the anchor's answer about a prepared transaction held
+/// here (its coordinator had it end before the decision could be forgotten).
 pub fn learn_decision(db: &Database, gid: &str, commit: bool) -> Result<bool, redb::Error> {
     crate::blocking::run(|| {
         let tx = db.begin_write()?;
@@ -305,10 +378,13 @@ pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::E
         tx.open_table(LOG)?
             .retain_in((range, 0)..=(range, u64::MAX), |_, _| false)?;
         // The range's record of its decisions goes with its replica (a replica added again
-        // gets them from its snapshot); this node's record of each transaction's decision
-        // stays: a sealed range's are answered from it.
-        tx.open_table(RANGE_DECISIONS)?
-            .retain_in((range, "")..(range + 1, ""), |_, _| false)?;
+        // gets them from its snapshot), unless the range was sealed: once it is dropped, the
+        // node that applied the seal answers for them from these (`sealed_decision`).
+        let sealed = tx.open_table(META)?.get((range, SEALED))?.is_some();
+        if !sealed {
+            tx.open_table(RANGE_DECISIONS)?
+                .retain_in((range, "")..(range + 1, ""), |_, _| false)?;
+        }
         {
             let mut m = tx.open_table(META)?;
             m.retain(|(r, _), _| r != range)?;
@@ -779,7 +855,6 @@ enum Recorded {
         slot: usize,
         gid: String,
         commit: bool,
-        at_ms: u64,
         index: u64,
     },
     Seal {
@@ -789,11 +864,10 @@ enum Recorded {
 
 /// Records the decisions and seal a batch of range `range`'s entries carries, in `tx`: the
 /// first `Decide` per transaction in the range's log is its decision there (after the seal,
-/// only abort can be first), answered in `out`. It is also this node's record of the
-/// transaction's decision, unless the seal overrode a commit: a part range's copy of a commit
-/// (`spread_decision`) reaching it after its seal is no decision, and recorded as abort here
-/// it would make another part range's applier on this node skip committed rows (a sealed
-/// anchor answers abort for a transaction it has no record of anyway, `sealed_decision`).
+/// only abort can be first), answered in `out`. A commit is also this node's record of the
+/// transaction's decision; an abort never is (see [`DECISIONS`]: after a `Forget` it may be
+/// a late abort recorded anew, and a part range's copy of a commit reaching it after its seal
+/// is recorded as abort there).
 fn record_decisions(
     tx: &redb::WriteTransaction,
     range: u64,
@@ -807,14 +881,13 @@ fn record_decisions(
     let mut t = tx.open_table(DECISIONS)?;
     let mut mine = tx.open_table(RANGE_DECISIONS)?;
     for d in decides {
-        let (i, gid, commit, at_ms, index) = match d {
+        let (i, gid, commit, index) = match d {
             Recorded::Decide {
                 slot,
                 gid,
                 commit,
-                at_ms,
                 index,
-            } => (slot, gid, commit, at_ms, index),
+            } => (slot, gid, commit, index),
             Recorded::Seal { index } => {
                 sealed_at = Some(*index);
                 let at = serde_json::to_vec(index).expect("numbers serialize");
@@ -828,16 +901,20 @@ fn record_decisions(
         let sealed = sealed_at.is_some_and(|s| *index > s);
         // The range's first `Decide` is its record, whatever this node heard elsewhere: its
         // replicas apply its `Prepare` entries by it, so they must all read the same.
+        // After the seal, abort, whatever this node knows: every replica must record the
+        // same, and a commit copied in then must not confirm the range to the coordinator
+        // (which would let the anchor forget while a lagging replica of this range, which
+        // takes no copies, still needs its answer).
         let decided = match own {
             Some(d) => d,
-            None if sealed => known.unwrap_or(false),
+            None if sealed => false,
             None => *commit,
         };
-        if known.is_none() && !(sealed && *commit) {
-            t.insert(gid.as_str(), u8::from(decided))?;
+        if known.is_none() && decided {
+            t.insert(gid.as_str(), 1)?;
         }
         if own.is_none() {
-            mine.insert((range, gid.as_str()), (u8::from(decided), *at_ms))?;
+            mine.insert((range, gid.as_str()), (u8::from(decided), *index))?;
         }
         out[*i] = Some(decided);
     }
@@ -874,7 +951,6 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                             slot: out.len(),
                             gid,
                             commit,
-                            at_ms: w.at_ms,
                             index: e.log_id.index,
                         }),
                         TxnKind::Seal => decides.push(Recorded::Seal {
@@ -970,7 +1046,7 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             self.range,
             &header.decisions,
             header.sealed_at,
-            crate::node::now_ms(),
+            header.index,
         )
         .map_err(|e| io(e, StorageIOError::write))?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_AFTER_ROWS);
@@ -1011,21 +1087,25 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
 mod tests {
     use super::Recorded;
 
-    /// A commit's `Decide` after a range's seal is abort in that range's log, but not this
-    /// node's record of the transaction: there it may be a part range's copy of the real
-    /// decision, which another part range's applier on this node reads. An abort after the
-    /// seal, and a commit before it, are recorded for the node as they are.
-    #[test]
-    fn a_commit_copied_into_a_sealed_range_is_not_recorded_as_the_nodes_abort() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = super::open_db(dir.path()).unwrap();
-        let decide = |slot, gid: &str, commit, index| Recorded::Decide {
+    fn decide(slot: usize, gid: &str, commit: bool, index: u64) -> Recorded {
+        Recorded::Decide {
             slot,
             gid: gid.into(),
             commit,
-            at_ms: 1,
             index,
-        };
+        }
+    }
+
+    /// Node records take commits from any log and never an abort: a `Decide` for abort may
+    /// be a late one recorded anew by an anchor that forgot the commit, and other part
+    /// ranges' appliers on this node go by node records. A commit copied after a range's
+    /// seal is abort in that range, and no node record either. A sealed range keeps its
+    /// records when its replica goes (its sealing node answers from them once it is
+    /// dropped); another range's go with it.
+    #[test]
+    fn node_records_take_commits_from_logs_and_never_an_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
         let decides = [
             decide(0, "mr:1:1", true, 4),
             Recorded::Seal { index: 5 },
@@ -1039,8 +1119,8 @@ mod tests {
         assert_eq!(out, vec![Some(true), None, Some(false), Some(false)]);
         assert_eq!(super::decision(&db, "mr:1:1").unwrap(), Some(true));
         assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
-        assert_eq!(super::decision(&db, "mr:1:3").unwrap(), Some(false));
-        let mut range = super::range_decisions(&db, 7).unwrap();
+        assert_eq!(super::decision(&db, "mr:1:3").unwrap(), None);
+        let mut range = super::range_decisions(&db, 7, u64::MAX).unwrap();
         range.sort();
         assert_eq!(
             range,
@@ -1051,40 +1131,26 @@ mod tests {
             ]
         );
         assert_eq!(super::sealed_at(&db, 7).unwrap(), Some(5));
-        // The replica's removal takes the range's records, not the node's.
-        super::install_range_decisions(&db, 8, &[("mr:1:4".into(), true)], None, 0).unwrap();
+        super::install_range_decisions(&db, 8, &[("mr:1:4".into(), false)], None, 3).unwrap();
+        assert_eq!(super::decision(&db, "mr:1:4").unwrap(), None);
         super::remove_range(&db, dir.path(), 7).unwrap();
-        assert!(super::range_decisions(&db, 7).unwrap().is_empty());
-        assert_eq!(super::range_decisions(&db, 8).unwrap().len(), 1);
+        super::remove_range(&db, dir.path(), 8).unwrap();
+        assert_eq!(super::range_decisions(&db, 7, u64::MAX).unwrap().len(), 3);
+        assert!(super::range_decisions(&db, 8, u64::MAX).unwrap().is_empty());
         assert_eq!(super::decision(&db, "mr:1:1").unwrap(), Some(true));
         assert_eq!(super::sealed_at(&db, 7).unwrap(), None);
     }
 
     /// A range records the first `Decide` of its own log, even where this node recorded
-    /// another decision for the transaction (what a forgetful anchor may answer once
-    /// decisions are purged): its replicas pass its `Prepare` entries by that record, so each
-    /// must read the same whatever it heard elsewhere. A later `Decide` changes nothing.
+    /// another decision for the transaction: its replicas pass its `Prepare` entries by that
+    /// record, so each must read the same whatever it heard elsewhere. A later `Decide`
+    /// changes nothing.
     #[test]
     fn a_range_records_its_own_logs_first_decision() {
         let dir = tempfile::tempdir().unwrap();
         let db = super::open_db(dir.path()).unwrap();
         super::learn_decision(&db, "mr:1:9", false).unwrap();
-        let decides = [
-            Recorded::Decide {
-                slot: 0,
-                gid: "mr:1:9".into(),
-                commit: true,
-                at_ms: 1,
-                index: 3,
-            },
-            Recorded::Decide {
-                slot: 1,
-                gid: "mr:1:9".into(),
-                commit: false,
-                at_ms: 1,
-                index: 4,
-            },
-        ];
+        let decides = [decide(0, "mr:1:9", true, 3), decide(1, "mr:1:9", false, 4)];
         let mut out = vec![None; 2];
         let tx = db.begin_write().unwrap();
         super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
@@ -1094,29 +1160,68 @@ mod tests {
         assert_eq!(super::range_decision(&db, 8, "mr:1:9").unwrap(), None);
     }
 
-    /// A range's snapshot carries every decision its log recorded, a month-old one too: a
-    /// replica that starts from it may lead the anchor when a part's replica, back after a
-    /// month away, reaches its `Prepare` entry and asks. (Snapshots carried one day's; the
-    /// new leader then knew nothing of an older commit and recorded the abort it was asked.)
+    /// A snapshot at index I carries the decisions recorded at or below I, however old, and
+    /// none recorded later: a late abort recorded anew after a `Forget` (the replica's
+    /// applier past it) must not reach a replica whose rows are from before that `Forget`,
+    /// where it would overrule the commit its log is about to record.
     #[test]
-    fn a_snapshot_carries_decisions_of_any_age() {
+    fn a_snapshot_carries_the_decisions_recorded_up_to_its_index() {
         let dir = tempfile::tempdir().unwrap();
         let db = super::open_db(dir.path()).unwrap();
-        let month_ago = crate::node::now_ms() - 30 * 24 * 3600 * 1000;
         let old = [("mr:1:2".to_string(), true), ("mr:1:3".to_string(), false)];
-        super::install_range_decisions(&db, 7, &old, None, month_ago).unwrap();
-        let new = [("mr:1:4".to_string(), true)];
-        super::install_range_decisions(&db, 7, &new, None, crate::node::now_ms()).unwrap();
+        super::install_range_decisions(&db, 7, &old, None, 10).unwrap();
+        let mut out = vec![None; 1];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &[decide(0, "mr:1:4", false, 30)], &mut out).unwrap();
+        tx.commit().unwrap();
         super::install_range_decisions(&db, 8, &[("mr:1:5".into(), true)], None, 0).unwrap();
-        let mut carried = super::range_decisions(&db, 7).unwrap();
+        let mut carried = super::range_decisions(&db, 7, 20).unwrap();
         carried.sort();
         assert_eq!(
             carried,
-            vec![
-                ("mr:1:2".to_string(), true),
-                ("mr:1:3".to_string(), false),
-                ("mr:1:4".to_string(), true),
-            ]
+            vec![("mr:1:2".to_string(), true), ("mr:1:3".to_string(), false)]
         );
+        assert_eq!(super::range_decisions(&db, 7, 30).unwrap().len(), 3);
+    }
+
+    /// A `Forget` takes the range's records of its transactions and this node's, and no
+    /// other range's: each range forgets at its own `Forget` entry.
+    #[test]
+    fn forgetting_takes_the_ranges_and_the_nodes_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let both = [("mr:1:2".to_string(), true), ("mr:1:3".to_string(), true)];
+        super::install_range_decisions(&db, 7, &both, None, 5).unwrap();
+        super::install_range_decisions(&db, 8, &both[..1], None, 5).unwrap();
+        super::forget_decisions(&db, Some(7), &["mr:1:2".to_string()]).unwrap();
+        assert_eq!(super::range_decision(&db, 7, "mr:1:2").unwrap(), None);
+        assert_eq!(super::range_decision(&db, 7, "mr:1:3").unwrap(), Some(true));
+        assert_eq!(super::range_decision(&db, 8, "mr:1:2").unwrap(), Some(true));
+        assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
+        assert_eq!(super::decision(&db, "mr:1:3").unwrap(), Some(true));
+    }
+
+    /// Records kept before they had an index move into the indexed table with index 0, which
+    /// every snapshot carries (as every one did before).
+    #[test]
+    fn records_without_an_index_are_moved_and_always_carried() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = redb::Database::create(dir.path().join("ranges.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            tx.open_table(super::OLD_RANGE_DECISIONS)
+                .unwrap()
+                .insert((7, "mr:1:2"), (1, 1_700_000_000_000))
+                .unwrap();
+            tx.commit().unwrap();
+        }
+        let db = super::open_db(dir.path()).unwrap();
+        assert_eq!(
+            super::range_decisions(&db, 7, 1).unwrap(),
+            vec![("mr:1:2".to_string(), true)]
+        );
+        drop(db);
+        let db = super::open_db(dir.path()).unwrap();
+        assert_eq!(super::range_decisions(&db, 7, 1).unwrap().len(), 1);
     }
 }

@@ -111,7 +111,10 @@ impl Ranges {
             }
         }
         if !written.is_empty() {
-            tokio::spawn(spread_decision(written, self.db.clone(), p.clone()));
+            if !coordinating {
+                self.note_prepared(&p.gid, written.iter().map(|g| g.range_id));
+            }
+            tokio::spawn(spread_decision(written.clone(), self.db.clone(), p.clone()));
         }
         if let Some(e) = failure {
             if !coordinating || entries.is_empty() && !matches!(e, WriteError::Ambiguous(_)) {
@@ -119,7 +122,7 @@ impl Ranges {
             }
             // Decide abort at once, so that no applier waits for the prepared entries; once
             // that decision stands the outcome is known, whatever the proposals did.
-            return match self.decide(p.anchor, &p.gid, Some(false)).await {
+            return match self.decided(p.anchor, &p.gid, false).await {
                 Ok(Some(false)) => Err(match e {
                     WriteError::Ambiguous(m) => WriteError::Retryable(m),
                     other => other,
@@ -130,8 +133,12 @@ impl Ranges {
         if !coordinating {
             return Ok(entries);
         }
-        match self.decide(p.anchor, &p.gid, Some(true)).await {
-            Ok(Some(true)) => Ok(entries),
+        match self.decided(p.anchor, &p.gid, true).await {
+            Ok(Some(true)) => {
+                let parts = written.iter().map(|g| g.range_id).collect();
+                self.forget_later(&p.gid, p.anchor, "", p.prepared_name(), parts, Vec::new());
+                Ok(entries)
+            }
             Ok(_) => Err(WriteError::Retryable(format!(
                 "transaction {} was decided aborted while it prepared (its coordinator seemed gone)",
                 p.gid
@@ -162,6 +169,22 @@ impl Ranges {
         self.ask_range(anchor, gid, propose, false).await
     }
 
+    /// [`Self::decide`] by the transaction's coordinator, proposing `commit`: the decision is
+    /// then this node's record, on the coordinator's word (an abort read from a log never is:
+    /// `store::DECISIONS`), which the part ranges it prepared in here copy
+    /// (`spread_decision`).
+    async fn decided(&self, anchor: u64, gid: &str, commit: bool) -> Result<Option<bool>, String> {
+        let d = self.decide(anchor, gid, Some(commit)).await?;
+        // A commit is usually recorded already (from the anchor's log, when it is led here):
+        // no write, and no sync, on the commit's path then.
+        if let Some(d) =
+            d.filter(|&d| !matches!(store::decision(&self.db, gid), Ok(Some(k)) if k == d))
+        {
+            let _ = store::learn_decision(&self.db, gid, d);
+        }
+        Ok(d)
+    }
+
     /// Copies `gid`'s decision, `commit`, into part range `range`'s log (a `Decide` entry
     /// proposed by its leader, here or asked), unless its log recorded one already: that
     /// range's replicas then pass their `Prepare` entries on their own log. The answer is
@@ -178,6 +201,16 @@ impl Ranges {
             return Ok(None);
         }
         self.ask_range(range, gid, Some(commit), true).await
+    }
+
+    /// [`Self::decide`] without this node's record (the caller read it).
+    pub(super) async fn ask(
+        &self,
+        anchor: u64,
+        gid: &str,
+        propose: Option<bool>,
+    ) -> Result<Option<bool>, String> {
+        self.ask_range(anchor, gid, propose, false).await
     }
 
     /// [`Self::decide`] without this node's record: the leader of range `anchor` answers (or
@@ -199,12 +232,16 @@ impl Ranges {
                 return Ok(None);
             }
             if sealed_by == Some(self.me) {
-                return self.sealed_decision(gid).map(Some);
+                return self.sealed_decision(anchor, gid).map(Some);
             }
             let local = self.group(anchor).filter(|_| sealed_by.is_none());
             if let Some(g) = local.as_ref().filter(|g| g.leading().is_some()) {
                 if copy && matches!(store::sealed(&self.db, anchor), Ok(true)) {
                     return Ok(None);
+                }
+                // Forgotten here: it was a commit, which the log holds before the `Forget`.
+                if copy && self.forgot_lately(anchor, gid) {
+                    return Ok(Some(true));
                 }
                 match self.decide_here(g, gid, propose).await {
                     Ok(d) => return Ok(d),
@@ -234,13 +271,10 @@ impl Ranges {
                         propose,
                         copy,
                     };
+                    // The answer is not recorded here: only the coordinator's word is (see
+                    // `store::DECISIONS`), and its callers record it where it is that.
                     match self.transport.call(&addr, req, DECIDE_TIMEOUT).await {
-                        Ok(PeerResponse::TxnDecision { decision }) => {
-                            if let (Some(d), false) = (decision, copy) {
-                                let _ = store::learn_decision(&self.db, gid, d);
-                            }
-                            return Ok(decision);
-                        }
+                        Ok(PeerResponse::TxnDecision { decision }) => return Ok(decision),
                         Ok(PeerResponse::Error { message, .. }) => last_error = message,
                         Ok(_) => {
                             last_error = format!("node {leader:?} does not lead range {anchor}")
@@ -275,12 +309,19 @@ impl Ranges {
     }
 
     /// The decision of `gid` as the node that applied its dropped anchor's seal knows it:
-    /// every decision the anchor recorded is here (applied before the seal, in log order,
-    /// and synced with it), and none can be recorded there any more, so a transaction
-    /// without one is decided abort, here, for good.
-    fn sealed_decision(&self, gid: &str) -> Result<bool, String> {
-        store::learn_decision(&self.db, gid, false)
-            .map_err(|e| format!("recording a decision: {e}"))
+    /// every decision the anchor recorded is in its records here (applied before the seal,
+    /// in log order, synced with it, and kept after the replica went), and none can be
+    /// recorded there any more, so a transaction without a commit is decided abort, for
+    /// good. (One whose commit the anchor forgot before its seal reads abort here too: its
+    /// parts' logs all hold the commit, which is what their replicas go by.)
+    fn sealed_decision(&self, anchor: u64, gid: &str) -> Result<bool, String> {
+        let read = |e: redb::Error| format!("reading a decision: {e}");
+        // This node's record too: a commit is always the decision, and a range sealed and
+        // removed before records outlived their replica has its commits only there.
+        Ok(
+            store::range_decision(&self.db, anchor, gid).map_err(read)? == Some(true)
+                || store::decision(&self.db, gid).map_err(read)? == Some(true),
+        )
     }
 
     /// Seals range `range_id` before the meta group drops it (the meta leader asks its
@@ -329,7 +370,11 @@ impl Ranges {
         propose: Option<bool>,
     ) -> Result<Option<bool>, String> {
         let Some(commit) = propose else {
-            return store::decision(&self.db, gid).map_err(|e| e.to_string());
+            let read = |e: redb::Error| e.to_string();
+            return match store::range_decision(&self.db, g.range_id, gid).map_err(read)? {
+                Some(d) => Ok(Some(d)),
+                None => store::decision(&self.db, gid).map_err(read),
+            };
         };
         // The range's log decided already (its first `Decide` for `gid` is its record).
         if let Ok(Some(d)) = store::range_decision(&self.db, g.range_id, gid) {
@@ -371,12 +416,17 @@ impl Ranges {
             return PeerResponse::TxnDecision { decision: None };
         }
         if self.sealed_by(anchor) == Some(self.me) {
-            return match self.sealed_decision(&gid) {
+            return match self.sealed_decision(anchor, &gid) {
                 Ok(d) => PeerResponse::TxnDecision { decision: Some(d) },
                 Err(message) => PeerResponse::Error {
                     message,
                     retryable: true,
                 },
+            };
+        }
+        if copy && self.forgot_lately(anchor, &gid) {
+            return PeerResponse::TxnDecision {
+                decision: Some(true),
             };
         }
         match self.group(anchor) {
@@ -447,9 +497,17 @@ impl Ranges {
         let (local_result, remote_results) = tokio::join!(local_prepare, remote_prepares);
         let mut failure: Option<LocalResponse> = None;
         let mut prepared = Vec::new();
+        // The part ranges: this node's, noted as its prepare wrote them, and each remote
+        // part's, in its answer.
+        let mut parts = self.take_prepared(&gid);
         for (part, r) in participants.iter().zip(remote_results) {
             match r {
-                LocalResponse::Forwarded { .. } => prepared.push(part.node_id),
+                LocalResponse::Forwarded {
+                    prepared_ranges, ..
+                } => {
+                    prepared.push(part.node_id);
+                    parts.extend(prepared_ranges);
+                }
                 // Read only: committed already, no part of the decision.
                 LocalResponse::Done => {}
                 other => {
@@ -467,7 +525,7 @@ impl Ranges {
         if let Some(failure) = failure {
             // Nothing is decided: decide abort, so that no part waits, and roll back the
             // prepared ones (their appliers and the sweep would, too).
-            let decided = self.decide(anchor, &gid, Some(false)).await;
+            let decided = self.decided(anchor, &gid, false).await;
             if decided != Ok(Some(false)) {
                 tracing::warn!(gid, ?decided, "could not record the abort of a failed two-phase commit; the parts resolve it later");
             }
@@ -478,11 +536,20 @@ impl Ranges {
         // Phase two: the decision, then the parts' commits.
         crate::failpoint::pause(crate::failpoint::SLOW_DECIDE, SWEEP_AFTER + SWEEP_AFTER / 2).await;
         crate::failpoint::hit(crate::failpoint::BEFORE_DECIDE);
-        match self.decide(anchor, &gid, Some(true)).await {
+        match self.decided(anchor, &gid, true).await {
             Ok(Some(true)) => {
                 crate::failpoint::hit(crate::failpoint::AFTER_DECIDE);
-                self.finish_parts(&database, &p, &prepared, true, true)
+                let unconfirmed = self
+                    .finish_parts(&database, &p, &prepared, true, true)
                     .await;
+                self.forget_later(
+                    &gid,
+                    anchor,
+                    &database,
+                    p.prepared_name(),
+                    parts,
+                    unconfirmed,
+                );
                 LocalResponse::Replicated { entries }
             }
             Ok(_) => {
@@ -545,7 +612,8 @@ impl Ranges {
     /// Commits (or rolls back) the parts' prepared transactions on `nodes`, in parallel.
     /// `wait`: the answer waits for them (a commit is acknowledged only once every part's
     /// rows are visible there); a part that does not answer in time is left to its applier
-    /// and the sweep. Otherwise they are sent in the background.
+    /// and the sweep. Otherwise they are sent in the background. Answers the nodes that did
+    /// not confirm (all of them without `wait`).
     async fn finish_parts(
         &self,
         database: &str,
@@ -553,34 +621,40 @@ impl Ranges {
         nodes: &[u64],
         commit: bool,
         wait: bool,
-    ) {
+    ) -> Vec<u64> {
         let calls: Vec<_> = nodes
             .iter()
-            .filter_map(|&n| {
+            .map(|&n| {
                 let addr = self.meta.read(|s| {
                     s.nodes()
                         .find(|x| x.node_id == n)
                         .map(|x| x.rpc_addr.clone())
-                })?;
+                });
                 let req = PeerRequest::FinishPrepared {
                     database: database.to_string(),
                     name: p.prepared_name(),
                     commit,
                 };
                 let transport = self.transport.clone();
-                Some(async move {
-                    let r = transport.call(&addr, req, FINISH_TIMEOUT).await;
-                    if !matches!(r, Ok(PeerResponse::Exec { .. })) {
+                async move {
+                    let r = match addr {
+                        Some(addr) => transport.call(&addr, req, FINISH_TIMEOUT).await.ok(),
+                        None => None,
+                    };
+                    let ok = matches!(r, Some(PeerResponse::Exec { .. }));
+                    if !ok {
                         tracing::warn!(node = n, commit, ?r, "a part of a two-phase commit did not confirm its end; its applier and the sweep there finish it");
                     }
-                })
+                    (!ok).then_some(n)
+                }
             })
             .collect();
         let all = futures::future::join_all(calls);
         if wait {
-            all.await;
+            all.await.into_iter().flatten().collect()
         } else {
             tokio::spawn(all);
+            nodes.to_vec()
         }
     }
 
@@ -592,7 +666,7 @@ impl Ranges {
         name: String,
         commit: bool,
     ) -> PeerResponse {
-        match self.finish_prepared(&database, &name, commit).await {
+        match self.finish_prepared(&database, &name, commit, true).await {
             Ok(()) => PeerResponse::Exec {
                 response: Box::new(LocalResponse::Done),
             },
@@ -603,14 +677,20 @@ impl Ranges {
         }
     }
 
+    /// `coordinator`: on the coordinator's word, recorded here first. Otherwise (the sweep,
+    /// on the anchor's answer) recorded only if the prepared transaction was still there to
+    /// end: the sweep's list may be stale, and once its part has ended the transaction may
+    /// be forgotten, the anchor's answer then a late abort recorded anew.
     async fn finish_prepared(
         &self,
         database: &str,
         name: &str,
         commit: bool,
+        coordinator: bool,
     ) -> Result<(), String> {
-        if let Some(p) = PrepareAs::from_prepared_name(name) {
-            let _ = store::learn_decision(&self.db, &p.gid, commit);
+        let gid = PrepareAs::from_prepared_name(name).map(|p| p.gid);
+        if let (Some(gid), true) = (&gid, coordinator) {
+            let _ = store::learn_decision(&self.db, gid, commit);
         }
         let mut conn = self
             .pg_cfg
@@ -621,7 +701,10 @@ impl Ranges {
             .map_err(|e| e.to_string())?;
         let r = finish_prepared_on(&mut conn, name, commit).await;
         let _ = conn.close().await;
-        r
+        if let (Some(gid), false, Ok(true)) = (&gid, coordinator, &r) {
+            let _ = store::learn_decision(&self.db, gid, commit);
+        }
+        r.map(|_| ())
     }
 
     /// Whether this node is coordinating two-phase commit `gid` now.
@@ -709,7 +792,7 @@ impl Ranges {
                         commit,
                         "resolved a prepared transaction left by its coordinator"
                     );
-                    if let Err(e) = self.finish_prepared(&database, &name, commit).await {
+                    if let Err(e) = self.finish_prepared(&database, &name, commit, false).await {
                         tracing::warn!(name, "could not end a prepared transaction: {e}");
                     }
                 }
@@ -770,12 +853,12 @@ async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: Pr
 }
 
 /// `COMMIT PREPARED` or `ROLLBACK PREPARED` of `name` on `conn` (in its database); one that
-/// no longer exists (ended by someone else) is fine.
+/// no longer exists (ended by someone else) is fine. Answers whether it ended one.
 pub async fn finish_prepared_on(
     conn: &mut PgConnection,
     name: &str,
     commit: bool,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let verb = if commit {
         "COMMIT PREPARED"
     } else {
@@ -787,8 +870,8 @@ pub async fn finish_prepared_on(
         .execute(&mut *conn)
         .await
     {
-        Ok(_) => Ok(()),
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42704") => Ok(()),
+        Ok(_) => Ok(true),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42704") => Ok(false),
         Err(e) => Err(e.to_string()),
     }
 }

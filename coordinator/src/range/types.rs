@@ -73,6 +73,13 @@ pub enum TxnKind {
     /// replica that applied it holds every decision the range will ever record and answers
     /// for them once the range is gone (the meta group names it).
     Seal,
+    /// No rows: the range forgets its records of committed transactions `gids` (their
+    /// coordinator confirmed nothing needs them: ARCHITECTURE.md §8.5). Carried out by each
+    /// replica's applier as it passes the entry, so after every `Prepare` of theirs in the
+    /// log; a sealed range ignores it.
+    Forget {
+        gids: Vec<String>,
+    },
 }
 
 openraft::declare_raft_types!(

@@ -20,7 +20,9 @@ pub mod peer;
 /// Bumped whenever a message changes incompatibly; peers with another version are refused at
 /// the handshake with an error that names both versions. 2: `ForwardRequest.turn`, which a
 /// peer that ignored it would leave untaken (a serializability hole, not a missing feature).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: range logs carry `Forget` entries, which a pgmr of version 2 cannot decode, and the
+/// forget's own messages (`PeerRequest::ForgetDecisions`, `Forwarded::prepared_ranges`).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.

@@ -816,6 +816,10 @@ pub enum LocalResponse {
         /// and locked rows takes no part in the commit, and is released after it.
         #[serde(default = "wrote_unknown")]
         wrote: bool,
+        /// The ranges a part's prepare (`Finish::Prepare`) wrote `Prepare` entries into: the
+        /// coordinator has its decision copied into each before the anchor forgets it.
+        #[serde(default)]
+        prepared_ranges: Vec<u64>,
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),

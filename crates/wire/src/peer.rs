@@ -136,6 +136,11 @@ pub enum PeerRequest {
     /// decided in the range; answered with [`PeerResponse::Sealed`] once this node has applied
     /// it (and so holds every decision the range recorded, durably) or `NotLeader`.
     SealRange { range_id: u64 },
+    /// Forgets committed two-phase commits `gids` in range `range_id` (asked of its leader by
+    /// their coordinator, once nothing can need their decision there again: ARCHITECTURE.md
+    /// §8.5): a `Forget` entry, proposed and answered with [`PeerResponse::Forgotten`], or
+    /// `NotLeader`.
+    ForgetDecisions { range_id: u64, gids: Vec<String> },
     /// Commits (or rolls back) this node's prepared transaction `name` in `database`, after
     /// the decision: [`PeerResponse::Exec`] with `Done`, or an error.
     FinishPrepared {
@@ -232,6 +237,9 @@ pub enum PeerResponse {
     TxnDecision {
         decision: Option<bool>,
     },
+    /// A `Forget` entry was committed in the range (or nothing was to be forgotten there: the
+    /// range is sealed).
+    Forgotten,
     /// The range is sealed, and this node applied the seal.
     Sealed {
         node_id: u64,
