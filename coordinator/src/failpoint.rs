@@ -21,8 +21,23 @@ pub const NO_DECISION_COPY: &str = "2pc-no-decision-copy";
 /// A replica whose log lags (its range's copy of the decision, and anything else that would
 /// tell it, not there yet): its appliers wait at a `Prepare` entry knowing nothing, ask the
 /// anchor only once they would propose abort, and see their own records again a few seconds
-/// after that. By then the transaction may be forgotten everywhere else.
+/// after that. By then the transaction may be forgotten everywhere else. Only entries
+/// proposed after this process started ([`started_ms`]): a test arms it on a node it
+/// restarts, for the transactions it runs next, not for those of its setup.
 pub const LATE_ASK: &str = "2pc-late-ask";
+
+static STARTED_MS: OnceLock<u64> = OnceLock::new();
+
+/// Notes the process's start (call first thing in `main`).
+pub fn init() {
+    started_ms();
+    armed();
+}
+
+/// When this process started (ms since the Unix epoch).
+pub fn started_ms() -> u64 {
+    *STARTED_MS.get_or_init(crate::node::now_ms)
+}
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

@@ -27,6 +27,7 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    failpoint::init();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         // --help and --version print as clap renders them; errors get one line.

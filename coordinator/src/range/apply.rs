@@ -191,7 +191,7 @@ async fn step(
                 }
                 TxnKind::Prepare { anchor, gid } => {
                     g.saw_data(true);
-                    let commit = decision(ctx, *anchor, gid).await?;
+                    let commit = decision(ctx, *anchor, gid, w.at_ms).await?;
                     let name = mr_wire::local::PrepareAs {
                         anchor: *anchor,
                         gid: gid.clone(),
@@ -302,10 +302,11 @@ fn prepared_here<'a>(
 /// come a moment later: so every part range's log comes to hold its transaction's decision.
 /// A sealed range (being dropped) takes no copies: a commit copied after its seal is abort
 /// there, so its entries go by a commit it recorded, this node's record, or the anchor.
-async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String> {
+async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str, at_ms: u64) -> Result<bool, String> {
     let first = Instant::now();
     let mut asked = None::<Instant>;
-    let late = crate::failpoint::armed_as(crate::failpoint::LATE_ASK);
+    let late = crate::failpoint::armed_as(crate::failpoint::LATE_ASK)
+        && at_ms >= crate::failpoint::started_ms();
     let blind = || late && first.elapsed() < ABORT_AFTER + Duration::from_secs(5);
     let ask_after = if late { ABORT_AFTER } else { ASK_AFTER };
     loop {
@@ -317,7 +318,7 @@ async fn decision(ctx: &Ctx<'_>, anchor: u64, gid: &str) -> Result<bool, String>
             asked = Some(Instant::now());
             // The copy may land while the anchor is still being asked (or cannot be
             // reached): keep looking at the log meanwhile.
-            let learned = learned(ctx, anchor, gid, waited);
+            let learned = learned(ctx, anchor, gid, waited, blind());
             tokio::pin!(learned);
             loop {
                 tokio::select! {
@@ -409,11 +410,11 @@ async fn learned(
     anchor: u64,
     gid: &str,
     waited: Duration,
+    blind: bool,
 ) -> Result<Option<bool>, String> {
     let Some(r) = ctx.ranges.upgrade() else {
         return Ok(None);
     };
-    let blind = crate::failpoint::armed_as(crate::failpoint::LATE_ASK);
     let Some(d) = learn(ctx, &r, anchor, gid, waited, blind).await? else {
         return Ok(None);
     };
