@@ -1631,10 +1631,12 @@ impl Handler for Node {
                 database,
                 name,
                 commit,
+                record,
             } => match self.ranges.get().cloned() {
-                Some(r) => {
-                    Box::pin(async move { r.serve_finish_prepared(database, name, commit).await })
-                }
+                Some(r) => Box::pin(async move {
+                    r.serve_finish_prepared(database, name, commit, record)
+                        .await
+                }),
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::ForgetDecisions { range_id, gids } => match self.ranges.get().cloned() {

@@ -1682,6 +1682,17 @@ async fn decisions_kept(node: &Node) -> (f64, f64) {
     )
 }
 
+/// Waits until no node keeps a two-phase commit's decision (`pgmr_decisions_kept` is 0 for
+/// the node's records and its replicas').
+async fn all_forgotten(nodes: &[Node], what: &str) {
+    for n in nodes {
+        eventually(what, Duration::from_secs(60), || async {
+            (decisions_kept(n).await == (0.0, 0.0)).then_some(())
+        })
+        .await;
+    }
+}
+
 /// Committed transactions over several ranges are forgotten everywhere once their
 /// coordinator has confirmed that every part range's log holds the commit and every prepared
 /// part has ended: transfers between regions through each node (a remote part prepared by
@@ -1723,14 +1734,24 @@ async fn committed_decisions_are_forgotten_everywhere() {
         ),
     )
     .await;
-    for n in &nodes {
-        eventually(
-            "every committed transaction's decision forgotten on the node",
-            Duration::from_secs(60),
-            || async { (decisions_kept(n).await == (0.0, 0.0)).then_some(()) },
-        )
-        .await;
-    }
+    // A part that only locks a row (the us-west1 node prepares no entries) is ended and
+    // forgotten too. (Its node is not told to record the decision, which nothing there would
+    // forget where it holds no replica of the transaction's ranges; here every node holds
+    // one of every range, so this cannot show that.)
+    exec(
+        &mut east,
+        &format!(
+            "BEGIN; SELECT 1 FROM accounts WHERE crdb_region = 'us-west1' AND id = 5 FOR UPDATE; \
+             {}; COMMIT",
+            transfer_sql(8, PER, 0, 101)
+        ),
+    )
+    .await;
+    all_forgotten(
+        &nodes,
+        "every committed transaction's decision forgotten on the node",
+    )
+    .await;
     let b = balances_converged(&nodes).await;
     let balance = |id: i32| b.iter().find(|r| r.1 == id).unwrap().2;
     assert_eq!(
@@ -1738,6 +1759,81 @@ async fn committed_decisions_are_forgotten_everywhere() {
         (1000, 999, 1000, 1000),
         "{b:?}"
     );
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[1]);
+}
+
+/// Aborted transactions over several ranges are forgotten everywhere too, where their
+/// coordinator decided the abort: it confirms that every prepared part was rolled back and
+/// every part range's log holds the abort, as for a commit. Two ways a prepare fails: a part
+/// whose `PREPARE TRANSACTION` fails after its pre-prepare wrote its `Prepare` entries
+/// (PostgreSQL refuses to prepare a transaction that touched a temporary table, which a
+/// trigger here does; that part names its ranges in its failure), and a part whose deferred
+/// unique check fails before it writes anything, while other parts had prepared. Both
+/// clients get the part's error, no row changes anywhere, and no node keeps a record of
+/// either transaction. Aborts were kept forever before (ARCHITECTURE.md §8.5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_decisions_are_forgotten_everywhere() {
+    let dir = scratch("data-2pc-forget-abort");
+    let nodes = start_cluster(dir.path(), 83, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    const PER: i32 = 3;
+    regional_bank(&nodes, PER).await;
+    let mut m = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut m,
+        "CREATE FUNCTION touch_temp() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.note LIKE '%temp%' THEN CREATE TEMP TABLE IF NOT EXISTS scratch (x int); \
+         END IF; RETURN NEW; END $$",
+    )
+    .await;
+    exec(
+        &mut m,
+        "CREATE TRIGGER touch_temp BEFORE UPDATE ON accounts \
+         FOR EACH ROW EXECUTE FUNCTION touch_temp()",
+    )
+    .await;
+    exec(&mut m, "INSERT INTO audit VALUES (1, 'taken')").await;
+    balances_converged(&nodes).await;
+    all_forgotten(&nodes, "the setup's transactions forgotten on the node").await;
+
+    // us-west1 → europe-west1 through the us-east1 node: the europe-west1 part fails after
+    // its `Prepare` entries, the us-west1 part had prepared.
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    let err = sqlx::raw_sql(&format!(
+        "BEGIN; {}; UPDATE accounts SET balance = balance + 10, note = note || ' temp' \
+         WHERE crdb_region = 'europe-west1' AND id = 7; COMMIT",
+        transfer_sql(4, PER, -10, 1)
+    ))
+    .execute(&mut east)
+    .await
+    .expect_err("the europe-west1 part cannot prepare");
+    assert_eq!(code(&err), "0A000", "{err}");
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut east).await;
+
+    // Through the us-west1 node: its own part and the europe-west1 one prepare, the audit
+    // insert at the us-east1 leaseholder fails its deferred unique check first. (Right after
+    // the failed prepare, the europe-west1 range's `Prepare` entry is passed already: its
+    // node recorded the abort it made certain. Before, this transaction got 40001 from the
+    // range's fence there, run and seen.)
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    let err = sqlx::raw_sql(&format!(
+        "BEGIN; {}; {}; INSERT INTO audit VALUES (2, 'taken'); COMMIT",
+        transfer_sql(5, PER, -10, 2),
+        transfer_sql(8, PER, 10, 2)
+    ))
+    .execute(&mut west)
+    .await
+    .expect_err("the deferred unique constraint fails at commit on the us-east1 node");
+    assert_eq!(code(&err), "23505", "{err}");
+    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut west).await;
+
+    all_forgotten(
+        &nodes,
+        "every aborted transaction's decision forgotten on the node",
+    )
+    .await;
+    let b = balances_converged(&nodes).await;
+    assert!(b.iter().all(|r| r.2 == 1000), "{b:?}");
     no_prepared_transactions(&nodes).await;
     check_consistency(&nodes[1]);
 }
@@ -1760,14 +1856,7 @@ async fn a_late_abort_after_a_forget_does_not_skip_committed_rows() {
     balances_converged(&nodes).await;
     // The setup's own transactions over several ranges forgotten first (their coordinators'
     // work is in memory: the europe-west1 node's would be lost in its restart).
-    for n in &nodes {
-        eventually(
-            "the setup's transactions forgotten on the node",
-            Duration::from_secs(60),
-            || async { (decisions_kept(n).await == (0.0, 0.0)).then_some(()) },
-        )
-        .await;
-    }
+    all_forgotten(&nodes, "the setup's transactions forgotten on the node").await;
     nodes[2].crash();
     nodes[2].restart_with_env(&[("PGMR_FAILPOINT", "2pc-late-ask")]);
     eventually(

@@ -1000,15 +1000,19 @@ fn json_str(s: &str) -> String {
     serde_json::to_string(s).expect("strings serialize")
 }
 
-/// This transaction's id, unique in the cluster: this server's system identifier and the
-/// transaction's full id (assigned now if it has none).
+/// This transaction's id, unique in the cluster and for all time: this server's system
+/// identifier, the transaction's full id (assigned now if it has none), and this backend's
+/// process id and start time. The full id alone can come again: an aborted transaction's WAL
+/// is not flushed, so after a crash PostgreSQL may hand its id out anew, and a decision (or a
+/// key in `range_txns`) recorded for the first would be read for the second.
 #[allow(unsafe_code)]
 pub fn txn_id() -> String {
-    // SAFETY: plain reads of this transaction's identity, inside it.
+    // SAFETY: plain reads of this transaction's and this backend's identity, inside them.
     unsafe {
         let fxid = pg_sys::GetTopFullTransactionId();
         let sysid = pg_sys::GetSystemIdentifier();
-        format!("{sysid:x}-{:x}", fxid.value)
+        let (pid, started) = (pg_sys::MyProcPid, pg_sys::MyStartTimestamp);
+        format!("{sysid:x}-{:x}-{pid:x}.{started:x}", fxid.value)
     }
 }
 

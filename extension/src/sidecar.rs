@@ -656,6 +656,7 @@ fn unexpected(request: &'static str, response: &LocalResponse) -> MrError {
         LocalResponse::Forwarded { .. } => "forwarded",
         LocalResponse::ForwardedEach { .. } => "forwarded_each",
         LocalResponse::SqlError(_) => "sql_error",
+        LocalResponse::PrepareFailed { .. } => "prepare_failed",
         LocalResponse::Consistency { .. } => "consistency",
         LocalResponse::Unsupported { .. } => "unsupported",
     };

@@ -237,10 +237,10 @@ async fn step(
                     let sealed = store::sealed(db, g.range_id)
                         .map_err(|e| format!("reading the seal: {e}"))?;
                     if !sealed {
-                        store::forget_decisions(db, Some(g.range_id), gids)
+                        let forgot = store::forget_decisions(db, Some(g.range_id), gids)
                             .map_err(|e| format!("forgetting decisions: {e}"))?;
                         if let Some(r) = ctx.ranges.upgrade() {
-                            r.note_forgotten(g.range_id, gids);
+                            r.note_forgotten(g.range_id, forgot);
                         }
                     }
                     advance(c, g.range_id, index).await
@@ -387,7 +387,7 @@ fn ensure_copy(ctx: &Ctx<'_>, gid: &str, commit: bool, delay: Duration) {
         let wanted = r.group(range).is_some()
             && matches!(store::sealed(&r.db, range), Ok(false))
             && matches!(store::range_decision(&r.db, range, gid), Ok(None))
-            && !r.forgot_lately(range, gid);
+            && r.forgot_lately(range, gid).is_none();
         if wanted {
             if let Err(e) = r.copy_decision(range, gid, commit).await {
                 tracing::debug!(range, gid, "could not copy a decision into the range: {e}");

@@ -221,12 +221,7 @@ impl Ranges {
     /// releases its lock and then accepts rows written under the older version.
     pub async fn notify_schema(&self, database: &str, version: u64, nodes: &[u64]) {
         let calls = nodes.iter().filter(|&&n| n != self.me).map(|&node| async move {
-            let addr = self.meta.read(|s| {
-                s.nodes()
-                    .find(|n| n.node_id == node)
-                    .map(|n| n.rpc_addr.clone())
-            });
-            let Some(addr) = addr else {
+            let Some(addr) = self.node_addr(node) else {
                 return;
             };
             let req = PeerRequest::AwaitSchemaKnown {

@@ -1,18 +1,26 @@
-//! Forgetting committed two-phase commits (ARCHITECTURE.md §8.5, "Forgetting decisions"): without
-//! it every distributed transaction left its decision in the anchor's and every part range's
-//! records (and in each node's), forever.
+//! Forgetting two-phase commits' decisions (ARCHITECTURE.md §8.5, "Forgetting decisions"):
+//! without it every distributed transaction left its decision in the anchor's and every part
+//! range's records (and in each node's), forever.
 //!
 //! The coordinator drives it, after the client has its answer: it has every prepared part's
 //! node end its prepared transaction (so no sweep will ask), and every part range's log hold
-//! the commit (so no part replica needs the anchor: each passes its `Prepare` entries on its
+//! the decision (so no part replica needs the anchor: each passes its `Prepare` entries on its
 //! own log's record, and one that asks the anchor only ever copies the answer into that log,
-//! behind the commit). Each part range then forgets the transaction with a `Forget` entry,
+//! behind the decision). Each part range then forgets the transaction with a `Forget` entry,
 //! and the anchor once all have. A replica deletes its records at its applier's pass over the
 //! `Forget` entry, so past every `Prepare` of the transaction in its log (apply.rs). A part
 //! that cannot be confirmed (a sealed or dropped range, a node that stays away) keeps the
 //! anchor's record: forgetting is never needed for correctness, only for size.
+//!
+//! Commits, and the aborts a coordinator knows: its own, or one answered to its commit
+//! proposal. A forgotten decision may be recorded anew as abort (a late question), which is
+//! harmless for an abort; the one hazard would be a commit proposed after it, and only the
+//! coordinator proposes commit, which it never does once it knows the abort. An abort decided
+//! for a coordinator that never learns it (gone, or too slow) is kept (step 3, not built).
 
+use super::twophase::PreparedNode;
 use super::{Ranges, TxnKind, TxnWrite};
+use mr_wire::local::PrepareAs;
 use mr_wire::peer::{PeerRequest, PeerResponse};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -32,65 +40,84 @@ const CONCURRENT: usize = 64;
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a replica remembers the transactions its applier just forgot.
 const REMEMBER: Duration = Duration::from_secs(600);
+/// How long a part's note of its ranges is kept if its prepare never answers: well past a
+/// forwarded step's timeout (600 s), so no answer finds its note pruned.
+const NOTES_KEPT: Duration = Duration::from_secs(1800);
 
 #[derive(Default)]
 pub(super) struct Forgetting {
     work: Mutex<Vec<Work>>,
     /// Per range: transactions it may forget now, with the attempts made.
     ready: Mutex<BTreeMap<u64, Vec<(String, u32)>>>,
-    /// The ranges a part's prepare on this node wrote into, by transaction, until its
-    /// `PREPARE TRANSACTION` answers (the coordinator learns them in that answer).
-    prepared: Mutex<HashMap<String, Vec<u64>>>,
-    /// Transactions this node's appliers forgot lately, by (range, gid): a copy of the
-    /// decision asked for after that (a replica that passed on this node's record checking
-    /// a second later, a part's node slow to copy) is not appended anew, where it would be
-    /// a record nothing ever forgets again. Only an optimization: each is a commit.
-    forgotten: Mutex<HashMap<(u64, String), Instant>>,
+    /// The ranges a part's prepare on this node proposed to, by transaction, until its
+    /// `PREPARE TRANSACTION` answers (the coordinator learns them in that answer). Noted
+    /// before the proposals, so an answer that comes first still names them; a note that
+    /// comes after the answer anyway (a prepare whose backend gave up waiting) is dropped
+    /// after [`NOTES_KEPT`].
+    prepared: Mutex<HashMap<String, (Instant, Vec<u64>)>>,
+    /// Transactions this node's appliers forgot lately, by (range, gid), with their decision:
+    /// a copy of the decision asked for after that (a replica that passed on this node's
+    /// record checking a second later, a part's node slow to copy) is not appended anew,
+    /// where it would be a record nothing ever forgets again.
+    forgotten: Mutex<HashMap<(u64, String), (Instant, bool)>>,
+    /// The transactions of [`Self::forgotten`], whatever the range: a coordinator's word
+    /// arriving after that (a retried `FinishPrepared`) is not recorded anew.
+    forgotten_gids: Mutex<HashMap<String, Instant>>,
 }
 
-/// A committed transaction this node coordinated, on its way to being forgotten.
+/// A decided transaction this node coordinated, on its way to being forgotten.
 struct Work {
     gid: String,
     anchor: u64,
     database: String,
     /// The parts' prepared transactions' name.
     name: String,
-    /// Part ranges (not the anchor) not yet confirmed to hold the commit in their log.
+    commit: bool,
+    /// Part ranges (not the anchor) not yet confirmed to hold the decision in their log.
     parts: Vec<u64>,
+    /// Not driven before: `FinishPrepared` calls sent in the background have ended by then,
+    /// so none reaches a node after its `Forget` (where it would record the decision anew).
+    not_before: Instant,
     /// Nodes whose prepared transaction has not confirmed its end.
-    nodes: Vec<u64>,
+    nodes: Vec<PreparedNode>,
     /// A part cannot be confirmed: the anchor keeps its record.
     keep_anchor: bool,
     since: Instant,
 }
 
 impl Ranges {
-    /// Has committed transaction `gid` (decided in `anchor`) forgotten once its part ranges
-    /// hold the commit and its prepared parts on `nodes` have ended: see the module comment.
+    /// Has transaction `p`, decided `commit` on this coordinator's word (see the module
+    /// comment), forgotten once its part ranges hold the decision and its prepared parts on
+    /// `nodes` have ended. `keep_anchor`: only the parts' records go (a part may have written
+    /// where nobody knows). `not_before`: see [`Work::not_before`].
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn forget_later(
         &self,
-        gid: &str,
-        anchor: u64,
+        p: &PrepareAs,
         database: &str,
-        name: String,
+        commit: bool,
         mut parts: Vec<u64>,
-        nodes: Vec<u64>,
+        nodes: Vec<PreparedNode>,
+        keep_anchor: bool,
+        not_before: Instant,
     ) {
         parts.sort_unstable();
         parts.dedup();
-        parts.retain(|&r| r != anchor);
+        parts.retain(|&r| r != p.anchor);
         self.forgetting
             .work
             .lock()
             .expect("forget lock")
             .push(Work {
-                gid: gid.to_string(),
-                anchor,
+                gid: p.gid.clone(),
+                anchor: p.anchor,
                 database: database.to_string(),
-                name,
+                name: p.prepared_name(),
+                commit,
                 parts,
                 nodes,
-                keep_anchor: false,
+                keep_anchor,
+                not_before,
                 since: Instant::now(),
             });
     }
@@ -100,33 +127,46 @@ impl Ranges {
         super::store::decision_counts(&self.db).unwrap_or_default()
     }
 
-    /// Notes that this node's replica of `range` forgot `gids` (its applier passed their
+    /// Notes that this node's replica of `range` forgot `decisions` (its applier passed their
     /// `Forget` entry).
-    pub(super) fn note_forgotten(&self, range: u64, gids: &[String]) {
+    pub(super) fn note_forgotten(&self, range: u64, decisions: Vec<(String, bool)>) {
         let mut f = self.forgetting.forgotten.lock().expect("forget lock");
+        let mut gids = self.forgetting.forgotten_gids.lock().expect("forget lock");
         let now = Instant::now();
-        for gid in gids {
-            f.insert((range, gid.clone()), now);
+        for (gid, commit) in decisions {
+            gids.insert(gid.clone(), now);
+            f.insert((range, gid), (now, commit));
         }
     }
 
-    /// Whether this node's replica of `range` forgot committed transaction `gid` lately.
-    pub(super) fn forgot_lately(&self, range: u64, gid: &str) -> bool {
+    /// Whether a replica here forgot transaction `gid` lately.
+    pub(super) fn forgot_lately_anywhere(&self, gid: &str) -> bool {
+        self.forgetting
+            .forgotten_gids
+            .lock()
+            .expect("forget lock")
+            .contains_key(gid)
+    }
+
+    /// The decision of `gid` if this node's replica of `range` forgot it lately.
+    pub(super) fn forgot_lately(&self, range: u64, gid: &str) -> Option<bool> {
         self.forgetting
             .forgotten
             .lock()
             .expect("forget lock")
-            .contains_key(&(range, gid.to_string()))
+            .get(&(range, gid.to_string()))
+            .map(|&(_, commit)| commit)
     }
 
-    /// Notes the ranges a part's prepare wrote `Prepare` entries into on this node.
+    /// Notes the ranges a part's prepare proposes `Prepare` entries to on this node.
     pub(super) fn note_prepared(&self, gid: &str, ranges: impl IntoIterator<Item = u64>) {
         self.forgetting
             .prepared
             .lock()
             .expect("forget lock")
             .entry(gid.to_string())
-            .or_default()
+            .or_insert_with(|| (Instant::now(), Vec::new()))
+            .1
             .extend(ranges);
     }
 
@@ -138,6 +178,7 @@ impl Ranges {
             .lock()
             .expect("forget lock")
             .remove(gid)
+            .map(|(_, r)| r)
             .unwrap_or_default();
         r.sort_unstable();
         r.dedup();
@@ -158,19 +199,32 @@ impl Ranges {
             }
             self.drive_work().await;
             self.propose_forgets().await;
-            self.forgetting
-                .forgotten
+            let f = &self.forgetting;
+            f.forgotten
+                .lock()
+                .expect("forget lock")
+                .retain(|_, (at, _)| at.elapsed() < REMEMBER);
+            f.forgotten_gids
                 .lock()
                 .expect("forget lock")
                 .retain(|_, at| at.elapsed() < REMEMBER);
+            f.prepared
+                .lock()
+                .expect("forget lock")
+                .retain(|_, (at, _)| at.elapsed() < NOTES_KEPT);
         }
     }
 
     async fn drive_work(&self) {
         let batch: Vec<Work> = {
             let mut w = self.forgetting.work.lock().expect("forget lock");
-            let n = w.len().min(CONCURRENT);
-            w.drain(..n).collect()
+            let now = Instant::now();
+            let (mut due, later): (Vec<Work>, Vec<Work>) =
+                w.drain(..).partition(|x| x.not_before <= now);
+            let rest = due.split_off(due.len().min(CONCURRENT));
+            w.extend(rest);
+            w.extend(later);
+            due
         };
         if batch.is_empty() {
             return;
@@ -200,7 +254,7 @@ impl Ranges {
                     gid = w.gid,
                     parts = ?w.parts,
                     nodes = ?w.nodes,
-                    "a committed transaction's parts were not all confirmed; its anchor keeps its decision"
+                    "a distributed transaction's parts were not all confirmed; its anchor keeps its decision"
                 );
             }
         }
@@ -212,12 +266,12 @@ impl Ranges {
             .extend(again);
     }
 
-    /// One round for `w`: its prepared parts' ends and its part ranges' commits, as far as
+    /// One round for `w`: its prepared parts' ends and its part ranges' records, as far as
     /// they can be confirmed now. Answers `w` and the part ranges confirmed this round.
     async fn drive(&self, mut w: Work) -> (Work, Vec<u64>) {
         let mut nodes = Vec::new();
         for n in std::mem::take(&mut w.nodes) {
-            if !self.end_prepared(n, &w.database, &w.name).await {
+            if !self.end_prepared(n, &w.database, &w.name, w.commit).await {
                 nodes.push(n);
             }
         }
@@ -225,9 +279,9 @@ impl Ranges {
         let mut confirmed = Vec::new();
         let mut parts = Vec::new();
         for r in std::mem::take(&mut w.parts) {
-            match self.copy_decision(r, &w.gid, true).await {
-                Ok(Some(true)) => confirmed.push(r),
-                // Sealed or dropped (no copies), or a record that is not the commit: never
+            match self.copy_decision(r, &w.gid, w.commit).await {
+                Ok(Some(d)) if d == w.commit => confirmed.push(r),
+                // Sealed or dropped (no copies), or a record that is not the decision: never
                 // forget the anchor's.
                 Ok(_) => w.keep_anchor = true,
                 Err(_) => parts.push(r),
@@ -237,15 +291,22 @@ impl Ranges {
         (w, confirmed)
     }
 
-    /// Whether node `n` confirms that its part `name` of a committed transaction has ended.
-    async fn end_prepared(&self, n: u64, database: &str, name: &str) -> bool {
-        let Some(addr) = self.node_addr(n) else {
+    /// Whether node `n` confirms that its part `name` of a decided transaction has ended.
+    async fn end_prepared(
+        &self,
+        n: PreparedNode,
+        database: &str,
+        name: &str,
+        commit: bool,
+    ) -> bool {
+        let Some(addr) = self.node_addr(n.node) else {
             return false;
         };
         let req = PeerRequest::FinishPrepared {
             database: database.to_string(),
             name: name.to_string(),
-            commit: true,
+            commit,
+            record: n.wrote,
         };
         matches!(
             self.transport
@@ -253,14 +314,6 @@ impl Ranges {
                 .await,
             Ok(PeerResponse::Exec { .. })
         )
-    }
-
-    fn node_addr(&self, n: u64) -> Option<String> {
-        self.meta.read(|s| {
-            s.nodes()
-                .find(|x| x.node_id == n)
-                .map(|x| x.rpc_addr.clone())
-        })
     }
 
     /// Proposes each range's `Forget` entry (here, or through its leader).
@@ -332,10 +385,7 @@ impl Ranges {
                     },
                 }
             }
-            g => PeerResponse::NotLeader {
-                leader_id: g.and_then(|g| g.raft.metrics().borrow().current_leader),
-                leader_addr: None,
-            },
+            _ => self.not_leader(range_id),
         }
     }
 

@@ -61,6 +61,10 @@ struct Remote {
     /// A statement failed and no savepoint rollback has undone it: the transaction can only
     /// roll back.
     failed: AtomicBool,
+    /// `PREPARE TRANSACTION` was sent: a failure from then on may have left `Prepare` entries
+    /// that land later (its pre-prepare gave up on an ambiguous write), or a prepared
+    /// transaction (the connection broke).
+    prepare_sent: AtomicBool,
 }
 
 /// Forwarded steps sent, by kind: a statement that commits in the same message costs its
@@ -110,11 +114,7 @@ impl Ranges {
         let commits = req.finish == Some(Finish::Commit);
         let rollback_only =
             req.finish == Some(Finish::Rollback) && req.statement.is_none() && req.begin.is_none();
-        let Some(addr) = self.meta.read(|s| {
-            s.nodes()
-                .find(|n| n.node_id == node_id)
-                .map(|n| n.rpc_addr.clone())
-        }) else {
+        let Some(addr) = self.node_addr(node_id) else {
             return LocalResponse::Error {
                 message: format!("node {node_id} is not a member of the cluster"),
                 retryable: true,
@@ -360,8 +360,26 @@ impl Ranges {
         }
         // A prepare's part ranges, noted as its pre-prepare wrote them (taken whatever the
         // outcome, so that a failed prepare leaves no note behind).
+        let uncertain = remote.prepare_sent.load(Ordering::SeqCst)
+            && match &outcome {
+                Err(Step::Broken(_)) => true,
+                Err(Step::Sql(e)) => e.code == "40003",
+                Ok(_) => false,
+            };
         let prepared_ranges = match &req.finish {
-            Some(Finish::Prepare(p)) => self.take_prepared(&p.gid),
+            Some(Finish::Prepare(p)) => {
+                let ranges = self.take_prepared(&p.gid);
+                if outcome.is_err() && !ranges.is_empty() {
+                    // This part did not prepare, so the transaction is certain to abort (its
+                    // coordinator commits only once every part has): this node's record says
+                    // so at once, and its appliers pass the `Prepare` entries the failed
+                    // prepare wrote, lifting their ranges' fence, without waiting for a copy.
+                    if let Err(e) = super::store::learn_decision(&self.db, &p.gid, false) {
+                        tracing::debug!(gid = p.gid, "could not record an abort here: {e}");
+                    }
+                }
+                ranges
+            }
             _ => Vec::new(),
         };
         match outcome {
@@ -378,6 +396,20 @@ impl Ranges {
             }
             // A part that wrote and locked nothing committed instead of preparing.
             Ok(Outcome::CommittedReadOnly) => LocalResponse::Done,
+            // Its `Prepare` entries are in those ranges' logs: the coordinator has its abort
+            // copied there before it forgets the decision. A `PREPARE TRANSACTION` whose
+            // connection broke may even have prepared, and one whose pre-prepare gave up on an
+            // ambiguous write (40003) may have entries still to land that nobody noted: the
+            // coordinator has this node roll back, and keeps the anchor's record.
+            Err(Step::Sql(error)) | Err(Step::Broken(error))
+                if !prepared_ranges.is_empty() || uncertain =>
+            {
+                LocalResponse::PrepareFailed {
+                    error,
+                    prepared_ranges,
+                    broken: uncertain,
+                }
+            }
             Err(Step::Sql(e)) | Err(Step::Broken(e)) => LocalResponse::SqlError(e),
         }
     }
@@ -454,6 +486,7 @@ impl Ranges {
             backend_pid,
             last_seen: Mutex::new(Instant::now()),
             failed: AtomicBool::new(false),
+            prepare_sent: AtomicBool::new(false),
         })
     }
 
@@ -532,12 +565,7 @@ impl Ranges {
             }
         }
         for (node, sessions) in alive {
-            let addr = self.meta.read(|s| {
-                s.nodes()
-                    .find(|n| n.node_id == node)
-                    .map(|n| n.rpc_addr.clone())
-            });
-            if let Some(addr) = addr {
+            if let Some(addr) = self.node_addr(node) {
                 let req = PeerRequest::ExecKeepalive { sessions };
                 let _ = self
                     .transport
@@ -862,6 +890,7 @@ async fn run_steps(
                 "PREPARE TRANSACTION {}",
                 super::twophase::quote_literal(&p.prepared_name())
             );
+            remote.prepare_sent.store(true, Ordering::SeqCst);
             match sqlx::query(&sql)
                 .persistent(false)
                 .execute(&mut *conn)

@@ -534,6 +534,22 @@ impl Ranges {
             .cloned()
     }
 
+    /// Node `n`'s peer address, as the meta group records it.
+    pub(super) fn node_addr(&self, n: u64) -> Option<String> {
+        self.meta.read(|s| s.node(n).map(|x| x.rpc_addr.clone()))
+    }
+
+    /// The answer of a node that does not lead range `range_id`: whom its replica (if any)
+    /// follows.
+    pub(super) fn not_leader(&self, range_id: u64) -> PeerResponse {
+        PeerResponse::NotLeader {
+            leader_id: self
+                .group(range_id)
+                .and_then(|g| g.raft.metrics().borrow().current_leader),
+            leader_addr: None,
+        }
+    }
+
     /// The group of a replica this node holds: one the range's descriptor lists here. A
     /// replica the descriptor no longer lists keeps its group a while (a quick re-add finds
     /// its log), but follows no leader any more: nothing to read or wait on.
@@ -1854,18 +1870,9 @@ impl Ranges {
 
     /// Serves a follower's read-index request for a range this node leads.
     pub async fn serve_read_index(&self, range_id: u64) -> PeerResponse {
-        let Some(g) = self.group(range_id) else {
-            return PeerResponse::NotLeader {
-                leader_id: None,
-                leader_addr: None,
-            };
+        let Some(g) = self.group(range_id).filter(|g| g.leading().is_some()) else {
+            return self.not_leader(range_id);
         };
-        if g.leading().is_none() {
-            return PeerResponse::NotLeader {
-                leader_id: g.raft.metrics().borrow().current_leader,
-                leader_addr: None,
-            };
-        }
         match self.read_index(&g).await {
             Ok(index) => PeerResponse::ReadIndex { index },
             Err(message) => PeerResponse::Error {

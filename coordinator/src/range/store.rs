@@ -38,7 +38,7 @@ const META: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_me
 /// Two-phase commit decisions this node knows, by transaction (1 commit, 0 abort): commits
 /// from any range's log (only a coordinator proposes one), aborts only on the coordinator's
 /// word (its own decision, `FinishPrepared`, the sweep's resolution of a prepared transaction
-/// held here). Never an abort read from a log: an anchor that forgot a commit can record a
+/// held here) or a part's failed prepare here (certain). Never an abort read from a log: an anchor that forgot a commit can record a
 /// late abort anew, and a node record is what other ranges' appliers here may go by
 /// (ARCHITECTURE.md §8.5, "Forgetting decisions", rule 3). A cache: `Forget` entries delete it.
 const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions");
@@ -245,32 +245,36 @@ pub fn range_decisions(
     Ok(out)
 }
 
-/// Forgets range `range`'s records of committed transactions `gids`, and this node's: done
-/// by the range's applier at its `Forget` entry, so past every `Prepare` entry of theirs in
-/// this replica's log (rule 5). Nothing needs them again: their coordinator had every
-/// part range's log hold the commit and every prepared part end first.
+/// Forgets range `range`'s records of transactions `gids`, and this node's: done by the
+/// range's applier at its `Forget` entry, so past every `Prepare` entry of theirs in this
+/// replica's log (rule 5). Nothing needs them again: their coordinator had every part range's
+/// log hold the decision and every prepared part end first. Answers the range's records
+/// forgotten (transaction, commit).
 /// Without `range`, only this node's records (the coordinator's, once it is done with them).
 pub fn forget_decisions(
     db: &Database,
     range: Option<u64>,
     gids: &[String],
-) -> Result<(), redb::Error> {
+) -> Result<Vec<(String, bool)>, redb::Error> {
     crate::blocking::run(|| {
         // Synced (one per `Forget` entry, which batches many): the applier's cursor moves past
         // the entry next, durably, and a deletion lost in a crash would never be done again.
         let tx = db.begin_write()?;
+        let mut forgot = Vec::new();
         {
             let mut node = tx.open_table(DECISIONS)?;
             let mut mine = tx.open_table(RANGE_DECISIONS)?;
             for gid in gids {
                 if let Some(r) = range {
-                    mine.remove((r, gid.as_str()))?;
+                    if let Some(v) = mine.remove((r, gid.as_str()))? {
+                        forgot.push((gid.clone(), v.value().0 == 1));
+                    }
                 }
                 node.remove(gid.as_str())?;
             }
         }
         tx.commit()?;
-        Ok(())
+        Ok(forgot)
     })
 }
 
@@ -324,7 +328,8 @@ pub fn sealed(db: &Database, range: u64) -> Result<bool, redb::Error> {
 
 /// Records `gid`'s decision on its coordinator's word (unless one is known): the coordinator's
 /// own, a `FinishPrepared` from it, or the anchor's answer about a prepared transaction held
-/// here (its coordinator had it end before the decision could be forgotten).
+/// here (its coordinator had it end before the decision could be forgotten). Or an abort on
+/// a part's failed prepare here, which makes it certain.
 pub fn learn_decision(db: &Database, gid: &str, commit: bool) -> Result<bool, redb::Error> {
     crate::blocking::run(|| {
         let tx = db.begin_write()?;
@@ -1185,15 +1190,22 @@ mod tests {
     }
 
     /// A `Forget` takes the range's records of its transactions and this node's, and no
-    /// other range's: each range forgets at its own `Forget` entry.
+    /// other range's: each range forgets at its own `Forget` entry. It answers what the
+    /// range's records said, aborts included (a copy asked for later is answered with it).
     #[test]
     fn forgetting_takes_the_ranges_and_the_nodes_records() {
         let dir = tempfile::tempdir().unwrap();
         let db = super::open_db(dir.path()).unwrap();
         let both = [("mr:1:2".to_string(), true), ("mr:1:3".to_string(), true)];
         super::install_range_decisions(&db, 7, &both, None, 5).unwrap();
+        super::install_range_decisions(&db, 7, &[("mr:1:4".to_string(), false)], None, 6).unwrap();
         super::install_range_decisions(&db, 8, &both[..1], None, 5).unwrap();
-        super::forget_decisions(&db, Some(7), &["mr:1:2".to_string()]).unwrap();
+        let gids = ["mr:1:2", "mr:1:4", "mr:1:9"].map(String::from);
+        assert_eq!(
+            super::forget_decisions(&db, Some(7), &gids).unwrap(),
+            vec![("mr:1:2".to_string(), true), ("mr:1:4".to_string(), false)]
+        );
+        assert_eq!(super::range_decision(&db, 7, "mr:1:4").unwrap(), None);
         assert_eq!(super::range_decision(&db, 7, "mr:1:2").unwrap(), None);
         assert_eq!(super::range_decision(&db, 7, "mr:1:3").unwrap(), Some(true));
         assert_eq!(super::range_decision(&db, 8, "mr:1:2").unwrap(), Some(true));

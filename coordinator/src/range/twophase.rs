@@ -34,6 +34,29 @@ pub const SWEEP_AFTER: Duration = Duration::from_secs(20);
 /// How long the commit phase waits for a participant before leaving it to the applier and
 /// the sweep there.
 const FINISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A node whose part of a two-phase commit prepared (a PostgreSQL prepared transaction).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct PreparedNode {
+    pub node: u64,
+    /// It wrote `Prepare` entries there (it may have only locked rows).
+    pub wrote: bool,
+}
+
+/// Whether [`Ranges::finish_prepared`] records the decision in this node's records.
+#[derive(Clone, Copy, PartialEq)]
+enum Record {
+    /// First, on the coordinator's word, for a part that wrote `Prepare` entries here: its
+    /// appliers pass them on this record.
+    First,
+    /// Only if the prepared transaction was still there to end (the sweep, on the anchor's
+    /// answer): the sweep's list may be stale, and once its part has ended the transaction
+    /// may be forgotten, the anchor's answer then a late abort recorded anew.
+    IfEnded,
+    /// Not at all: a part that only locked rows here has no entries for an applier to pass,
+    /// and no range here whose `Forget` would take the record again.
+    Never,
+}
 /// A transaction undecided this long is decided abort even while a node says it is still
 /// coordinating it (a coordinator stuck that long holds its participants' locks no longer).
 pub const COORDINATOR_LIMIT: Duration = Duration::from_secs(600);
@@ -80,6 +103,13 @@ impl Ranges {
                 .expect("at least one range"),
             gid: txn_id.to_string(),
         });
+        // Every range proposed to, an ambiguous proposal's included (its entry may still
+        // land): the decision is copied into each before the anchor forgets it. Noted first,
+        // so that the part's answer names them even if it comes before the proposals end.
+        let proposed: Vec<u64> = groups.iter().map(|(g, _)| g.range_id).collect();
+        if !coordinating {
+            self.note_prepared(&p.gid, proposed.iter().copied());
+        }
         let proposals = groups.iter().map(|(g, e)| {
             let mut e = e.clone();
             e.kind = TxnKind::Prepare {
@@ -111,9 +141,6 @@ impl Ranges {
             }
         }
         if !written.is_empty() {
-            if !coordinating {
-                self.note_prepared(&p.gid, written.iter().map(|g| g.range_id));
-            }
             tokio::spawn(spread_decision(written.clone(), self.db.clone(), p.clone()));
         }
         if let Some(e) = failure {
@@ -123,10 +150,13 @@ impl Ranges {
             // Decide abort at once, so that no applier waits for the prepared entries; once
             // that decision stands the outcome is known, whatever the proposals did.
             return match self.decided(p.anchor, &p.gid, false).await {
-                Ok(Some(false)) => Err(match e {
-                    WriteError::Ambiguous(m) => WriteError::Retryable(m),
-                    other => other,
-                }),
+                Ok(Some(false)) => {
+                    self.forget_later(&p, "", false, proposed, Vec::new(), false, Instant::now());
+                    Err(match e {
+                        WriteError::Ambiguous(m) => WriteError::Retryable(m),
+                        other => other,
+                    })
+                }
                 _ => Err(e),
             };
         }
@@ -135,14 +165,17 @@ impl Ranges {
         }
         match self.decided(p.anchor, &p.gid, true).await {
             Ok(Some(true)) => {
-                let parts = written.iter().map(|g| g.range_id).collect();
-                self.forget_later(&p.gid, p.anchor, "", p.prepared_name(), parts, Vec::new());
+                self.forget_later(&p, "", true, proposed, Vec::new(), false, Instant::now());
                 Ok(entries)
             }
-            Ok(_) => Err(WriteError::Retryable(format!(
-                "transaction {} was decided aborted while it prepared (its coordinator seemed gone)",
-                p.gid
-            ))),
+            Ok(_) => {
+                // Answered: this coordinator proposes nothing more, so the abort can go too.
+                self.forget_later(&p, "", false, proposed, Vec::new(), false, Instant::now());
+                Err(WriteError::Retryable(format!(
+                    "transaction {} was decided aborted while it prepared (its coordinator seemed gone)",
+                    p.gid
+                )))
+            }
             Err(e) => {
                 // The decision may still commit: then every replica applies the entries,
                 // this one included, and the ranges must not serve writes until it has.
@@ -239,9 +272,9 @@ impl Ranges {
                 if copy && matches!(store::sealed(&self.db, anchor), Ok(true)) {
                     return Ok(None);
                 }
-                // Forgotten here: it was a commit, which the log holds before the `Forget`.
-                if copy && self.forgot_lately(anchor, gid) {
-                    return Ok(Some(true));
+                // Forgotten here: the log holds the decision before the `Forget`.
+                if let (true, Some(d)) = (copy, self.forgot_lately(anchor, gid)) {
+                    return Ok(Some(d));
                 }
                 match self.decide_here(g, gid, propose).await {
                     Ok(d) => return Ok(d),
@@ -257,13 +290,7 @@ impl Ranges {
                     })
                     .or_else(|| self.meta.read(|s| s.lease(anchor).map(|l| l.holder)))
                     .filter(|&l| l != self.me);
-                let addr = leader.and_then(|l| {
-                    self.meta.read(|s| {
-                        s.nodes()
-                            .find(|n| n.node_id == l)
-                            .map(|n| n.rpc_addr.clone())
-                    })
-                });
+                let addr = leader.and_then(|l| self.node_addr(l));
                 if let Some(addr) = addr {
                     let req = PeerRequest::TxnDecision {
                         anchor,
@@ -329,12 +356,7 @@ impl Ranges {
     /// every decision the range recorded.
     pub async fn serve_seal(&self, range_id: u64) -> PeerResponse {
         let Some(g) = self.group(range_id).filter(|g| g.leading().is_some()) else {
-            return PeerResponse::NotLeader {
-                leader_id: self
-                    .group(range_id)
-                    .and_then(|g| g.raft.metrics().borrow().current_leader),
-                leader_addr: None,
-            };
+            return self.not_leader(range_id);
         };
         if !matches!(store::sealed(&self.db, range_id), Ok(true)) {
             let entry = TxnWrite {
@@ -424,10 +446,8 @@ impl Ranges {
                 },
             };
         }
-        if copy && self.forgot_lately(anchor, &gid) {
-            return PeerResponse::TxnDecision {
-                decision: Some(true),
-            };
+        if let (true, Some(d)) = (copy, self.forgot_lately(anchor, &gid)) {
+            return PeerResponse::TxnDecision { decision: Some(d) };
         }
         match self.group(anchor) {
             Some(g) if g.leading().is_some() => match self.decide_here(&g, &gid, propose).await {
@@ -437,10 +457,7 @@ impl Ranges {
                     retryable: true,
                 },
             },
-            g => PeerResponse::NotLeader {
-                leader_id: g.and_then(|g| g.raft.metrics().borrow().current_leader),
-                leader_addr: None,
-            },
+            _ => self.not_leader(anchor),
         }
     }
 
@@ -500,17 +517,45 @@ impl Ranges {
         // The part ranges: this node's, noted as its prepare wrote them, and each remote
         // part's, in its answer.
         let mut parts = self.take_prepared(&gid);
+        // A part whose prepare failed without saying where it wrote (its node lost, its
+        // answer too): the anchor keeps the abort for that part's replicas and sweep.
+        let mut parts_unknown = false;
         for (part, r) in participants.iter().zip(remote_results) {
             match r {
                 LocalResponse::Forwarded {
                     prepared_ranges, ..
                 } => {
-                    prepared.push(part.node_id);
+                    prepared.push(PreparedNode {
+                        node: part.node_id,
+                        wrote: !prepared_ranges.is_empty(),
+                    });
                     parts.extend(prepared_ranges);
                 }
                 // Read only: committed already, no part of the decision.
                 LocalResponse::Done => {}
+                // PostgreSQL refused to prepare after the pre-prepare proposed `Prepare`
+                // entries, or the connection broke (when it may have prepared, and entries
+                // may land that nobody names: the anchor keeps its record). Rolled back with
+                // the prepared parts.
+                LocalResponse::PrepareFailed {
+                    error,
+                    prepared_ranges,
+                    broken,
+                } => {
+                    prepared.push(PreparedNode {
+                        node: part.node_id,
+                        wrote: !prepared_ranges.is_empty(),
+                    });
+                    parts.extend(prepared_ranges);
+                    parts_unknown |= broken;
+                    failure.get_or_insert(LocalResponse::SqlError(error));
+                }
+                // Failed in PostgreSQL before its pre-prepare wrote anything.
+                other @ LocalResponse::SqlError(_) => {
+                    failure.get_or_insert(other);
+                }
                 other => {
+                    parts_unknown = true;
                     failure.get_or_insert(other);
                 }
             }
@@ -529,8 +574,21 @@ impl Ranges {
             if decided != Ok(Some(false)) {
                 tracing::warn!(gid, ?decided, "could not record the abort of a failed two-phase commit; the parts resolve it later");
             }
-            self.finish_parts(&database, &p, &prepared, false, false)
+            let unconfirmed = self
+                .finish_parts(&database, &p, &prepared, false, false)
                 .await;
+            if decided == Ok(Some(false)) {
+                let after = Instant::now() + FINISH_TIMEOUT;
+                self.forget_later(
+                    &p,
+                    &database,
+                    false,
+                    parts,
+                    unconfirmed,
+                    parts_unknown,
+                    after,
+                );
+            }
             return failure;
         }
         // Phase two: the decision, then the parts' commits.
@@ -543,18 +601,23 @@ impl Ranges {
                     .finish_parts(&database, &p, &prepared, true, true)
                     .await;
                 self.forget_later(
-                    &gid,
-                    anchor,
+                    &p,
                     &database,
-                    p.prepared_name(),
+                    true,
                     parts,
                     unconfirmed,
+                    false,
+                    Instant::now(),
                 );
                 LocalResponse::Replicated { entries }
             }
             Ok(_) => {
-                self.finish_parts(&database, &p, &prepared, false, false)
+                let unconfirmed = self
+                    .finish_parts(&database, &p, &prepared, false, false)
                     .await;
+                // Answered: this coordinator proposes nothing more, so the abort can go too.
+                let after = Instant::now() + FINISH_TIMEOUT;
+                self.forget_later(&p, &database, false, parts, unconfirmed, false, after);
                 LocalResponse::Error {
                     message: format!("transaction {gid} was decided aborted while it prepared (its coordinator seemed gone)"),
                     retryable: true,
@@ -618,22 +681,20 @@ impl Ranges {
         &self,
         database: &str,
         p: &PrepareAs,
-        nodes: &[u64],
+        nodes: &[PreparedNode],
         commit: bool,
         wait: bool,
-    ) -> Vec<u64> {
+    ) -> Vec<PreparedNode> {
         let calls: Vec<_> = nodes
             .iter()
-            .map(|&n| {
-                let addr = self.meta.read(|s| {
-                    s.nodes()
-                        .find(|x| x.node_id == n)
-                        .map(|x| x.rpc_addr.clone())
-                });
+            .map(|&part| {
+                let n = part.node;
+                let addr = self.node_addr(n);
                 let req = PeerRequest::FinishPrepared {
                     database: database.to_string(),
                     name: p.prepared_name(),
                     commit,
+                    record: part.wrote,
                 };
                 let transport = self.transport.clone();
                 async move {
@@ -645,7 +706,7 @@ impl Ranges {
                     if !ok {
                         tracing::warn!(node = n, commit, ?r, "a part of a two-phase commit did not confirm its end; its applier and the sweep there finish it");
                     }
-                    (!ok).then_some(n)
+                    (!ok).then_some(part)
                 }
             })
             .collect();
@@ -659,14 +720,17 @@ impl Ranges {
     }
 
     /// Ends prepared transaction `name` in `database` on this node (a part of another
-    /// node's two-phase commit). One already ended is not an error.
+    /// node's two-phase commit), on its coordinator's word. One already ended is not an
+    /// error. `record`: the part wrote `Prepare` entries here (see [`Record::First`]).
     pub async fn serve_finish_prepared(
         &self,
         database: String,
         name: String,
         commit: bool,
+        record: bool,
     ) -> PeerResponse {
-        match self.finish_prepared(&database, &name, commit, true).await {
+        let record = if record { Record::First } else { Record::Never };
+        match self.finish_prepared(&database, &name, commit, record).await {
             Ok(()) => PeerResponse::Exec {
                 response: Box::new(LocalResponse::Done),
             },
@@ -677,20 +741,21 @@ impl Ranges {
         }
     }
 
-    /// `coordinator`: on the coordinator's word, recorded here first. Otherwise (the sweep,
-    /// on the anchor's answer) recorded only if the prepared transaction was still there to
-    /// end: the sweep's list may be stale, and once its part has ended the transaction may
-    /// be forgotten, the anchor's answer then a late abort recorded anew.
+    /// Ends prepared transaction `name`, recording its decision here as `record` says.
     async fn finish_prepared(
         &self,
         database: &str,
         name: &str,
         commit: bool,
-        coordinator: bool,
+        record: Record,
     ) -> Result<(), String> {
         let gid = PrepareAs::from_prepared_name(name).map(|p| p.gid);
-        if let (Some(gid), true) = (&gid, coordinator) {
-            let _ = store::learn_decision(&self.db, gid, commit);
+        // Not once a replica here forgot it: a retried call after the `Forget` would leave a
+        // record nothing forgets again.
+        if let (Some(gid), Record::First) = (&gid, record) {
+            if !self.forgot_lately_anywhere(gid) {
+                let _ = store::learn_decision(&self.db, gid, commit);
+            }
         }
         let mut conn = self
             .pg_cfg
@@ -701,7 +766,7 @@ impl Ranges {
             .map_err(|e| e.to_string())?;
         let r = finish_prepared_on(&mut conn, name, commit).await;
         let _ = conn.close().await;
-        if let (Some(gid), false, Ok(true)) = (&gid, coordinator, &r) {
+        if let (Some(gid), Record::IfEnded, Ok(true)) = (&gid, record, &r) {
             let _ = store::learn_decision(&self.db, gid, commit);
         }
         r.map(|_| ())
@@ -792,7 +857,10 @@ impl Ranges {
                         commit,
                         "resolved a prepared transaction left by its coordinator"
                     );
-                    if let Err(e) = self.finish_prepared(&database, &name, commit, false).await {
+                    if let Err(e) = self
+                        .finish_prepared(&database, &name, commit, Record::IfEnded)
+                        .await
+                    {
                         tracing::warn!(name, "could not end a prepared transaction: {e}");
                     }
                 }

@@ -22,7 +22,9 @@ pub mod peer;
 /// peer that ignored it would leave untaken (a serializability hole, not a missing feature).
 /// 3: range logs carry `Forget` entries, which a pgmr of version 2 cannot decode, and the
 /// forget's own messages (`PeerRequest::ForgetDecisions`, `Forwarded::prepared_ranges`).
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: `LocalResponse::PrepareFailed`, a failed prepare's answer, which a coordinator of
+/// version 3 could not decode, and `FinishPrepared::record`.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.

@@ -823,6 +823,17 @@ pub enum LocalResponse {
     },
     /// A forwarded step failed in PostgreSQL on the remote node, with its error as is.
     SqlError(SqlError),
+    /// A part's prepare (`Finish::Prepare`) failed after proposing `Prepare` entries to
+    /// `prepared_ranges` (PostgreSQL's serializable check and its refusal of temporary
+    /// objects come after the pre-prepare), or its connection broke (`broken`: it may have
+    /// prepared, and written where nobody knows). The coordinator has its abort copied into
+    /// each range, and the node roll back, before the anchor forgets it. The client sees
+    /// `error`, as for [`LocalResponse::SqlError`].
+    PrepareFailed {
+        error: SqlError,
+        prepared_ranges: Vec<u64>,
+        broken: bool,
+    },
     /// The answers to [`LocalRequest::ForwardEach`], in its order.
     ForwardedEach {
         answers: Vec<LocalResponse>,

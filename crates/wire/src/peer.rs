@@ -147,6 +147,10 @@ pub enum PeerRequest {
         database: String,
         name: String,
         commit: bool,
+        /// The node records the decision first: its part wrote `Prepare` entries there,
+        /// which its appliers pass on that record. A part that only locked rows has none,
+        /// and a record there would be one nothing forgets.
+        record: bool,
     },
     /// Answers once this node's copy of the meta state holds `database`'s schema version
     /// `version` (at most `timeout_ms`): [`PeerResponse::SchemaKnown`]. A node whose lock on a
