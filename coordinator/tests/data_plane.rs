@@ -3173,6 +3173,25 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
         .expect_err("a generic plan locking rows leased on node 1");
     assert_eq!(code(&err), "0A000", "{err}");
     exec(&mut west, "DEALLOCATE lock_region").await;
+    // The table joined again, unlocked: its scans of the partitions leased on node 1 take no
+    // lock, and the statement runs (before, locks were judged by relation: refused).
+    exec(
+        &mut west,
+        "PREPARE lock_self(crdb_internal_region) AS SELECT x.id FROM accounts x \
+         JOIN accounts y USING (id) WHERE x.crdb_region = $1 ORDER BY x.id FOR UPDATE OF x",
+    )
+    .await;
+    let here: Vec<(i32,)> = sqlx::query_as("EXECUTE lock_self('us-west1')")
+        .fetch_all(&mut west)
+        .await
+        .unwrap();
+    assert_eq!(here.len(), PER as usize, "{here:?}");
+    let err = sqlx::raw_sql("EXECUTE lock_self('us-east1')")
+        .execute(&mut west)
+        .await
+        .expect_err("a self-join locking rows leased on node 1");
+    assert_eq!(code(&err), "0A000", "{err}");
+    exec(&mut west, "DEALLOCATE lock_self").await;
     exec(&mut west, "RESET plan_cache_mode").await;
     // A trigger's statement inside one served for another node's transaction is not routed:
     // locking `flags` (leased on node 1) there would lock node 2's copy (before, it did).
@@ -3229,7 +3248,57 @@ async fn an_update_over_several_leaseholders_that_reads_other_tables_runs_on_eac
         "{err}"
     );
     exec(&mut east, "DROP TRIGGER lock_flag ON limits").await;
+    // Nor one fired by the rows an `ON DELETE CASCADE` deletes there: it runs while the
+    // referential trigger does, but it is not that trigger's query (before, it was exempt
+    // as if it were, and locked node 2's copy of `flags`). An error caught before it leaves
+    // it as deeply nested as it was (the nesting counted too low after a caught error, and
+    // a function's statement then passed for the trigger's query).
+    execute_all(
+        &mut east,
+        &[
+            r#"CREATE TABLE pets (id int PRIMARY KEY, home int NOT NULL REFERENCES limits ON DELETE CASCADE) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+        ],
+    )
+    .await;
+    exec_once_settled(&mut west, "INSERT INTO limits VALUES (7)").await;
+    exec_once_settled(&mut west, "INSERT INTO pets VALUES (1, 7)").await;
+    exec(
+        &mut east,
+        "CREATE FUNCTION lock_one_flag() RETURNS int LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM 1 FROM flags WHERE id = 1 FOR UPDATE; RETURN 1; END $$",
+    )
+    .await;
+    exec(
+        &mut east,
+        "CREATE OR REPLACE FUNCTION lock_flag() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN BEGIN PERFORM 1 / 0; EXCEPTION WHEN division_by_zero THEN NULL; END; \
+         EXECUTE 'SELECT lock_one_flag()'; RETURN OLD; END $$",
+    )
+    .await;
+    exec(
+        &mut east,
+        "CREATE TRIGGER lock_flag BEFORE DELETE ON pets FOR EACH ROW EXECUTE FUNCTION lock_flag()",
+    )
+    .await;
+    let err = sqlx::raw_sql("DELETE FROM limits WHERE id = 7")
+        .execute(&mut east)
+        .await
+        .expect_err("served on node 2, a trigger its cascade fires locks rows leased on node 1");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("a trigger's or a function's"),
+        "{err}"
+    );
+    // Without the lock the cascade runs there as before.
+    exec(&mut east, "DROP TRIGGER lock_flag ON pets").await;
+    exec(&mut east, "DELETE FROM limits WHERE id = 7").await;
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pets")
+        .fetch_one(&mut west)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
     exec(&mut east, "DROP FUNCTION lock_flag()").await;
+    exec(&mut east, "DROP FUNCTION lock_one_flag()").await;
 
     let b = balances_converged(&nodes).await;
     assert_eq!(

@@ -604,7 +604,7 @@ pub unsafe fn may_move_rows(qd: &pg_sys::QueryDesc) -> bool {
 /// # Safety
 /// `ps` is a planned statement valid for the query's life.
 #[allow(unsafe_code)]
-unsafe fn locking_marks(ps: &pg_sys::PlannedStmt) -> Vec<pg_sys::Index> {
+pub unsafe fn locking_marks(ps: &pg_sys::PlannedStmt) -> Vec<pg_sys::Index> {
     use pg_sys::RowMarkType::*;
     let mut rtis = Vec::new();
     if ps.rowMarks.is_null() {

@@ -46,8 +46,9 @@ pub struct RiCall {
 }
 
 thread_local! {
-    /// Referential triggers in progress, innermost last.
-    static CALLS: RefCell<Vec<RiCall>> = const { RefCell::new(Vec::new()) };
+    /// Referential triggers in progress, innermost last, each with the executor nesting
+    /// level it was called at (its own query starts at that level).
+    static CALLS: RefCell<Vec<(RiCall, u32)>> = const { RefCell::new(Vec::new()) };
     /// Queries deferred while serving a statement, returned with its rows.
     static DEFERRED: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
     /// Queries other nodes returned, for this origin to run next.
@@ -187,7 +188,8 @@ unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
         (f, call)
     };
     let _pop = call.map(|c| {
-        CALLS.with(|s| s.borrow_mut().push(c));
+        let level = crate::routing::executor_level();
+        CALLS.with(|s| s.borrow_mut().push((c, level)));
         Pop
     });
     // SAFETY: the function PostgreSQL meant to call, with its arguments; an ERROR inside it
@@ -195,9 +197,17 @@ unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
     unsafe { f(fcinfo) }
 }
 
-/// The referential trigger whose query is starting, if one is.
+/// The referential trigger whose query is starting, if one is: the innermost one, called at
+/// this executor nesting level. A statement deeper down (a user trigger fired by the rows an
+/// `ON DELETE CASCADE` deletes) is not the trigger's query, whatever trigger it runs under.
 pub fn current() -> Option<RiCall> {
-    CALLS.with(|c| c.borrow().last().copied())
+    let level = crate::routing::executor_level();
+    CALLS.with(|c| {
+        c.borrow()
+            .last()
+            .filter(|(_, at)| *at == level)
+            .map(|(call, _)| *call)
+    })
 }
 
 /// Defers `statement`, a query of referential trigger `call` over rows leased elsewhere

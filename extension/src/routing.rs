@@ -145,9 +145,11 @@ thread_local! {
     /// Forwarded statements being run (their shares sent, their moved rows written): the
     /// extension's own queries meanwhile are nested in them.
     static FORWARDING: Cell<u32> = const { Cell::new(0) };
-    /// FINISH_DEPTH when each open subtransaction began: an ERROR leaves the finishes it
-    /// interrupted counted, and rolling back to the subtransaction restores the count.
-    static SUB_FINISH_DEPTH: RefCell<Vec<(u32, u32)>> = const { RefCell::new(Vec::new()) };
+    /// FINISH_DEPTH and RUN_DEPTH when each open subtransaction began: an ERROR leaves the
+    /// finishes it interrupted counted, and rolling back to the subtransaction restores the
+    /// counts (a statement caught in a PL/pgSQL exception block is still nested as deep as
+    /// before: `ri::current` compares levels).
+    static SUB_FINISH_DEPTH: RefCell<Vec<(u32, u32, u32)>> = const { RefCell::new(Vec::new()) };
     static SESSION_SEQ: Cell<u64> = const { Cell::new(0) };
     /// This transaction ran a write or locking statement on replicated tables here: it has
     /// a part on this node (its row locks), even before it changed a row.
@@ -211,9 +213,11 @@ thread_local! {
 
 /// After PostgreSQL started a statement that runs here over several leaseholders' ranges
 /// (its partitions pruned by the values it runs with, as a generic plan's are): refused if
-/// it still scans a partition or table it locks that is leased elsewhere. Its locks would be
-/// taken on this node's copy, where they conflict with nothing at the leaseholder, and could
-/// hold back this node's applier.
+/// it still scans, with a row lock, a partition or table leased elsewhere. Its locks would
+/// be taken on this node's copy, where they conflict with nothing at the leaseholder, and
+/// could hold back this node's applier. A scan is matched to the lock by its range-table
+/// entry, not its relation: `FROM t x JOIN t y ... FOR UPDATE OF x` locks nothing through
+/// `y`'s scans.
 ///
 /// # Safety
 /// `qd` is a QueryDesc PostgreSQL has just started.
@@ -226,16 +230,17 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     if qd.planstate.is_null() {
         return;
     }
-    /// Collects the relation of every scan under `ps`, subplans included. Not guarded itself
-    /// (an error unwinds as a panic through the guarded walker call), so that this function's
-    /// caller may own values; only the callback PostgreSQL calls is guarded.
+    /// Collects the relation and range-table index of every scan under `ps`, subplans
+    /// included. Not guarded itself (an error unwinds as a panic through the guarded walker
+    /// call), so that this function's caller may own values; only the callback PostgreSQL
+    /// calls is guarded.
     ///
     /// # Safety
     /// `ps` is a node of a started plan's state tree.
-    unsafe fn collect(ps: *mut pg_sys::PlanState, relids: &mut Vec<pg_sys::Oid>) {
+    unsafe fn collect(ps: *mut pg_sys::PlanState, scans: &mut Vec<(pg_sys::Oid, pg_sys::Index)>) {
         use pg_sys::NodeTag::*;
         // SAFETY: as this function's contract; these node types are ScanStates (a PlanState
-        // first), whose current relation is open.
+        // first), whose current relation is open and whose plan is a Scan.
         unsafe {
             if ps.is_null() {
                 return;
@@ -251,28 +256,33 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
                     | T_TidRangeScanState
             ) {
                 let rel = (*(ps as *mut pg_sys::ScanState)).ss_currentRelation;
-                if !rel.is_null() {
-                    relids.push((*rel).rd_id);
+                let plan = (*ps).plan as *mut pg_sys::Scan;
+                if !rel.is_null() && !plan.is_null() {
+                    scans.push(((*rel).rd_id, (*plan).scanrelid));
                 }
             }
-            pg_sys::planstate_tree_walker(ps, Some(child), relids as *mut Vec<_> as *mut _);
+            pg_sys::planstate_tree_walker(ps, Some(child), scans as *mut Vec<_> as *mut _);
         }
     }
     /// [`collect`] for each child node, as PostgreSQL's walker calls it.
     #[pg_guard]
     unsafe extern "C-unwind" fn child(
         ps: *mut pg_sys::PlanState,
-        relids: *mut std::ffi::c_void,
+        scans: *mut std::ffi::c_void,
     ) -> bool {
-        // SAFETY: `ps` is a child of a node `collect` walks; `relids` is its Vec, alive for
+        // SAFETY: `ps` is a child of a node `collect` walks; `scans` is its Vec, alive for
         // the walk.
-        unsafe { collect(ps, &mut *(relids as *mut Vec<pg_sys::Oid>)) };
+        unsafe { collect(ps, &mut *(scans as *mut Vec<(pg_sys::Oid, pg_sys::Index)>)) };
         false
     }
-    let mut relids: Vec<pg_sys::Oid> = Vec::new();
-    // SAFETY: the started plan's state tree, walked while the QueryDesc lives.
-    unsafe { collect(qd.planstate, &mut relids) };
-    for relid in relids {
+    let mut scans = Vec::new();
+    // SAFETY: the started plan's state tree, walked while the QueryDesc lives; the planned
+    // statement likewise.
+    let marks = unsafe {
+        collect(qd.planstate, &mut scans);
+        replication::locking_marks(&*qd.plannedstmt)
+    };
+    for (relid, _) in scans.into_iter().filter(|(_, rti)| marks.contains(rti)) {
         // SAFETY: the executor holds the scanned relations open and locked.
         let Some((table, partition)) = (unsafe { replication::range_target(relid) }) else {
             continue;
@@ -1266,6 +1276,12 @@ unsafe fn run_forwarded(
                 FORWARDED.with(|f| f.borrow().get(&key).map_or(0, |x| x.processed));
         }
     }
+}
+
+/// How deeply the statement starting now is nested in others' runs and finishes (0: a
+/// top-level statement): a statement started by a trigger of one at level L is at L + 1.
+pub fn executor_level() -> u32 {
+    RUN_DEPTH.with(Cell::get) + FINISH_DEPTH.with(Cell::get)
 }
 
 /// A statement's ExecutorFinish begins (its AFTER triggers run in it).
@@ -2605,7 +2621,8 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
         SUBXACT_EVENT_START_SUB => {
             OPEN_SUBS.with(|o| o.borrow_mut().push(my));
             let depth = FINISH_DEPTH.with(Cell::get);
-            SUB_FINISH_DEPTH.with(|s| s.borrow_mut().push((my, depth)));
+            let runs = RUN_DEPTH.with(Cell::get);
+            SUB_FINISH_DEPTH.with(|s| s.borrow_mut().push((my, depth, runs)));
         }
         SUBXACT_EVENT_COMMIT_SUB | SUBXACT_EVENT_ABORT_SUB => {
             OPEN_SUBS.with(|o| {
@@ -2617,7 +2634,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
             let abort = event == SUBXACT_EVENT_ABORT_SUB;
             let ended = SUB_FINISH_DEPTH.with(|s| {
                 let mut s = s.borrow_mut();
-                let at = s.iter().position(|(id, _)| *id == my);
+                let at = s.iter().position(|(id, _, _)| *id == my);
                 at.map(|i| s.split_off(i))
             });
             REMOTE.with(|r| {
@@ -2635,9 +2652,12 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
             });
             if abort {
                 // Statements of the rolled-back subtransaction that never ended.
-                RUN_DEPTH.with(|d| d.set(0));
-                if let Some(&(_, depth)) = ended.as_ref().and_then(|e| e.first()) {
-                    FINISH_DEPTH.with(|d| d.set(depth));
+                match ended.as_ref().and_then(|e| e.first()) {
+                    Some(&(_, depth, runs)) => {
+                        FINISH_DEPTH.with(|d| d.set(depth));
+                        RUN_DEPTH.with(|d| d.set(runs));
+                    }
+                    None => RUN_DEPTH.with(|d| d.set(0)),
                 }
                 crate::global_keys::sub_aborted(my);
                 crate::ri::sub_aborted();
