@@ -613,8 +613,9 @@ impl Node {
         self.ranges.get().map(|r| r.progress()).unwrap_or_default()
     }
 
-    /// Two-phase commit decisions kept on this node: its own records and its ranges'.
-    pub fn decision_counts(&self) -> (u64, u64) {
+    /// Two-phase commit decisions kept on this node: its own records, its ranges', and
+    /// their plans.
+    pub fn decision_counts(&self) -> (u64, u64, u64) {
         self.ranges
             .get()
             .map(|r| r.decision_counts())
@@ -1621,9 +1622,12 @@ impl Handler for Node {
                 gid,
                 propose,
                 copy,
+                plan,
             } => match self.ranges.get().cloned() {
                 Some(r) => {
-                    Box::pin(async move { r.serve_decision(anchor, gid, propose, copy).await })
+                    Box::pin(
+                        async move { r.serve_decision(anchor, gid, propose, copy, plan).await },
+                    )
                 }
                 None => Box::pin(async move { not_ready() }),
             },
@@ -1639,8 +1643,14 @@ impl Handler for Node {
                 }),
                 None => Box::pin(async move { not_ready() }),
             },
-            PeerRequest::ForgetDecisions { range_id, gids } => match self.ranges.get().cloned() {
-                Some(r) => Box::pin(async move { r.serve_forget(range_id, gids).await }),
+            PeerRequest::ForgetDecisions {
+                range_id,
+                gids,
+                plans_only,
+            } => match self.ranges.get().cloned() {
+                Some(r) => {
+                    Box::pin(async move { r.serve_forget(range_id, gids, plans_only).await })
+                }
                 None => Box::pin(async move { not_ready() }),
             },
             PeerRequest::SealRange { range_id } => match self.ranges.get().cloned() {

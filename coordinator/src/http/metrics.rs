@@ -114,12 +114,13 @@ pub async fn render(node: &Node) -> String {
          kind (a statement that commits in the same message costs one round trip)",
         steps,
     );
-    let (node_records, range_records) = node.decision_counts();
+    let (node_records, range_records, plans) = node.decision_counts();
     family(
         &mut r,
         "decisions_kept",
         "Two-phase commit decisions recorded here and not forgotten yet: this node's records \
-         (kind=node) and its range replicas' (kind=range)",
+         (kind=node), its range replicas' (kind=range), and the coordinators' plans kept \
+         beside those (kind=plan)",
         vec![
             (
                 Step {
@@ -132,6 +133,12 @@ pub async fn render(node: &Node) -> String {
                     kind: "range".into(),
                 },
                 range_records as f64,
+            ),
+            (
+                Step {
+                    kind: "plan".into(),
+                },
+                plans as f64,
             ),
         ],
     );

@@ -230,15 +230,16 @@ async fn step(
                     }
                 }
                 TxnKind::Decide { .. } | TxnKind::Seal => advance(c, g.range_id, index).await,
-                TxnKind::Forget { gids } => {
+                TxnKind::Forget { gids, plans_only } => {
                     // Here, not in the state machine: this replica's applier is past every
                     // `Prepare` of these transactions now, however far behind the log it
                     // runs. Deleted before the cursor moves: a crash between deletes again.
                     let sealed = store::sealed(db, g.range_id)
                         .map_err(|e| format!("reading the seal: {e}"))?;
                     if !sealed {
-                        let forgot = store::forget_decisions(db, Some(g.range_id), gids)
-                            .map_err(|e| format!("forgetting decisions: {e}"))?;
+                        let forgot =
+                            store::forget_decisions(db, Some(g.range_id), gids, *plans_only)
+                                .map_err(|e| format!("forgetting decisions: {e}"))?;
                         if let Some(r) = ctx.ranges.upgrade() {
                             r.note_forgotten(g.range_id, forgot);
                         }

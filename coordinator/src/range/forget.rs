@@ -15,8 +15,17 @@
 //! Commits, and the aborts a coordinator knows: its own, or one answered to its commit
 //! proposal. A forgotten decision may be recorded anew as abort (a late question), which is
 //! harmless for an abort; the one hazard would be a commit proposed after it, and only the
-//! coordinator proposes commit, which it never does once it knows the abort. An abort decided
-//! for a coordinator that never learns it (gone, or too slow) is kept (step 3, not built).
+//! coordinator proposes commit, which it never does once it knows the abort (a stale frame of
+//! its proposal arriving later decides abort: `twophase::STALE_PROPOSAL`). An abort decided
+//! for a coordinator whose proposal never reaches the anchor (it died first) is kept (step 3,
+//! not built).
+//!
+//! **Leftovers.** The coordinator's work is in memory: a restart loses it, and it gives up on
+//! a part that stays away. So its decision carries a plan (the part ranges and prepared
+//! nodes), which the anchor's log keeps beside the record until the `Forget`. The anchor's
+//! leader, whichever node that is, drives the same forget on a plan still there a minute
+//! after its `Decide` (the coordinator is usually done in a second). Two drivers at once
+//! (a coordinator slow on a part) do the same idempotent steps.
 
 use super::twophase::PreparedNode;
 use super::{Ranges, TxnKind, TxnWrite};
@@ -38,17 +47,31 @@ const ATTEMPTS: u32 = 30;
 const CONCURRENT: usize = 64;
 /// How long a `Forget` proposal is waited for.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A plan still kept this long after its `Decide` is driven by the anchor's leader (an
+/// abort's only after [`super::twophase::FORGET_ABORT_AFTER`]).
+const LEFTOVER_AFTER: Duration = Duration::from_secs(60);
+/// How often the ranges led here are looked over for such plans.
+const LEFTOVER_EVERY: u32 = 10;
+/// A leftover not confirmed everywhere within this long rests before it is driven again.
+const LEFTOVER_GIVE_UP: Duration = Duration::from_secs(60);
+const LEFTOVER_REST: Duration = Duration::from_secs(600);
 /// How long a replica remembers the transactions its applier just forgot.
 const REMEMBER: Duration = Duration::from_secs(600);
 /// How long a part's note of its ranges is kept if its prepare never answers: well past a
 /// forwarded step's timeout (600 s), so no answer finds its note pruned.
 const NOTES_KEPT: Duration = Duration::from_secs(1800);
 
+/// A transaction a range may forget, with the attempts made.
+type Attempted = (String, u32);
+
 #[derive(Default)]
 pub(super) struct Forgetting {
     work: Mutex<Vec<Work>>,
-    /// Per range: transactions it may forget now, with the attempts made.
-    ready: Mutex<BTreeMap<u64, Vec<(String, u32)>>>,
+    /// Per range (and whether only its plans go): transactions it may forget now, with the
+    /// attempts made.
+    ready: Mutex<BTreeMap<(u64, bool), Vec<Attempted>>>,
+    /// Leftovers that could not be confirmed lately, by when they were given up.
+    resting: Mutex<HashMap<String, Instant>>,
     /// The ranges a part's prepare on this node proposed to, by transaction, until its
     /// `PREPARE TRANSACTION` answers (the coordinator learns them in that answer). Noted
     /// before the proposals, so an answer that comes first still names them; a note that
@@ -83,6 +106,8 @@ struct Work {
     /// A part cannot be confirmed: the anchor keeps its record.
     keep_anchor: bool,
     since: Instant,
+    /// Driven by the anchor's leader on the plan in its log, not by the coordinator.
+    leftover: bool,
 }
 
 impl Ranges {
@@ -119,11 +144,91 @@ impl Ranges {
                 keep_anchor,
                 not_before,
                 since: Instant::now(),
+                leftover: false,
             });
     }
 
-    /// The two-phase commit decisions kept here: this node's records and its ranges'.
-    pub fn decision_counts(&self) -> (u64, u64) {
+    /// Takes up the plans of the ranges led here that are still kept [`LEFTOVER_AFTER`] their
+    /// `Decide` (their coordinator restarted, or gave up on a part), unless being driven here
+    /// already or resting.
+    fn take_leftovers(&self) {
+        let f = &self.forgetting;
+        f.resting
+            .lock()
+            .expect("forget lock")
+            .retain(|_, at| at.elapsed() < LEFTOVER_REST);
+        let now = crate::node::now_ms();
+        let before = now.saturating_sub(LEFTOVER_AFTER.as_millis() as u64);
+        let aborts_before =
+            now.saturating_sub(super::twophase::FORGET_ABORT_AFTER.as_millis() as u64);
+        let mut found = Vec::new();
+        for g in self.groups() {
+            if g.leading().is_none()
+                || !matches!(super::store::sealed(&self.db, g.range_id), Ok(false))
+            {
+                continue;
+            }
+            let plans = crate::blocking::run(|| {
+                super::store::range_plans(&self.db, g.range_id, before).map_err(|e| e.to_string())
+            });
+            match plans {
+                Ok(plans) => found.extend(plans.into_iter().map(|p| (g.range_id, p))),
+                Err(e) => tracing::debug!(range_id = g.range_id, "reading plans: {e}"),
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        let ready = f.ready.lock().expect("forget lock");
+        let resting = f.resting.lock().expect("forget lock");
+        let mut work = f.work.lock().expect("forget lock");
+        for (anchor, (gid, record, stored)) in found {
+            // A plan is written with its record, in one transaction.
+            let Some(commit) = record else { continue };
+            if !commit && stored.at_ms >= aborts_before {
+                continue;
+            }
+            // Driven here already, or its `Forget` is on its way.
+            if resting.contains_key(&gid)
+                || work.iter().any(|w| w.gid == gid)
+                || ready.values().any(|v| v.iter().any(|(g, _)| *g == gid))
+            {
+                continue;
+            }
+            tracing::info!(
+                gid,
+                anchor,
+                commit,
+                "driving the forget of a decision its coordinator left"
+            );
+            let plan = stored.plan;
+            let p = PrepareAs {
+                anchor,
+                gid: gid.clone(),
+            };
+            work.push(Work {
+                gid,
+                anchor,
+                name: p.prepared_name(),
+                database: plan.database,
+                commit,
+                parts: plan.parts,
+                nodes: plan
+                    .nodes
+                    .into_iter()
+                    .map(|(node, wrote)| PreparedNode { node, wrote })
+                    .collect(),
+                keep_anchor: plan.keep_anchor,
+                not_before: Instant::now(),
+                since: Instant::now(),
+                leftover: true,
+            });
+        }
+    }
+
+    /// The two-phase commit decisions kept here: this node's records, its ranges', and the
+    /// plans kept beside those.
+    pub fn decision_counts(&self) -> (u64, u64, u64) {
         super::store::decision_counts(&self.db).unwrap_or_default()
     }
 
@@ -192,10 +297,15 @@ impl Ranges {
     ) {
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks = 0u32;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
+            }
+            ticks = ticks.wrapping_add(1);
+            if ticks.is_multiple_of(LEFTOVER_EVERY) {
+                self.take_leftovers();
             }
             self.drive_work().await;
             self.propose_forgets().await;
@@ -234,21 +344,44 @@ impl Ranges {
         let mut again = Vec::new();
         for (w, parts) in done {
             for r in parts {
-                ready.entry(r).or_default().push((w.gid.clone(), 0));
+                ready
+                    .entry((r, false))
+                    .or_default()
+                    .push((w.gid.clone(), 0));
             }
+            let give_up = if w.leftover {
+                LEFTOVER_GIVE_UP
+            } else {
+                GIVE_UP_AFTER
+            };
             if w.parts.is_empty() && w.nodes.is_empty() {
-                if !w.keep_anchor {
-                    // This node's own record goes too, even where it holds no replica of
-                    // the transaction's ranges (an anchor leased elsewhere): a cache here.
-                    if let Err(e) =
-                        super::store::forget_decisions(&self.db, None, std::slice::from_ref(&w.gid))
-                    {
-                        tracing::debug!(gid = w.gid, "could not forget a decision here: {e}");
-                    }
-                    ready.entry(w.anchor).or_default().push((w.gid, 0));
+                // This node's own record goes too, even where it holds no replica of the
+                // transaction's ranges (an anchor leased elsewhere): a cache here. Also when
+                // the anchor keeps its record: an applier here with entries of a part
+                // nobody named asks the anchor, which answers as this record would.
+                if let Err(e) = super::store::forget_decisions(
+                    &self.db,
+                    None,
+                    std::slice::from_ref(&w.gid),
+                    false,
+                ) {
+                    tracing::debug!(gid = w.gid, "could not forget a decision here: {e}");
                 }
-            } else if w.since.elapsed() < GIVE_UP_AFTER {
+                // With `keep_anchor` the anchor keeps its record for good, but not the plan:
+                // nothing is left to drive.
+                ready
+                    .entry((w.anchor, w.keep_anchor))
+                    .or_default()
+                    .push((w.gid, 0));
+            } else if w.since.elapsed() < give_up {
                 again.push(w);
+            } else if w.leftover {
+                tracing::debug!(gid = w.gid, parts = ?w.parts, nodes = ?w.nodes, "a leftover forget rests");
+                self.forgetting
+                    .resting
+                    .lock()
+                    .expect("forget lock")
+                    .insert(w.gid, Instant::now());
             } else {
                 tracing::info!(
                     gid = w.gid,
@@ -271,7 +404,13 @@ impl Ranges {
     async fn drive(&self, mut w: Work) -> (Work, Vec<u64>) {
         let mut nodes = Vec::new();
         for n in std::mem::take(&mut w.nodes) {
-            if !self.end_prepared(n, &w.database, &w.name, w.commit).await {
+            // A leftover's call comes long after the decision: it records nothing, where a
+            // record would be one nothing forgets (the part's ranges hold the decision).
+            let record = n.wrote && !w.leftover;
+            if !self
+                .end_prepared(n, &w.database, &w.name, w.commit, record)
+                .await
+            {
                 nodes.push(n);
             }
         }
@@ -298,7 +437,14 @@ impl Ranges {
         database: &str,
         name: &str,
         commit: bool,
+        record: bool,
     ) -> bool {
+        if n.node == self.me {
+            return self
+                .end_prepared_here(database, name, commit, record)
+                .await
+                .is_ok();
+        }
         let Some(addr) = self.node_addr(n.node) else {
             return false;
         };
@@ -306,7 +452,7 @@ impl Ranges {
             database: database.to_string(),
             name: name.to_string(),
             commit,
-            record: n.wrote,
+            record,
         };
         matches!(
             self.transport
@@ -319,11 +465,11 @@ impl Ranges {
     /// Proposes each range's `Forget` entry (here, or through its leader).
     async fn propose_forgets(&self) {
         let ready = std::mem::take(&mut *self.forgetting.ready.lock().expect("forget lock"));
-        for (range_id, mut gids) in ready {
+        for ((range_id, plans_only), mut gids) in ready {
             while !gids.is_empty() {
                 let rest = gids.split_off(gids.len().min(BATCH));
                 let names: Vec<String> = gids.iter().map(|(g, _)| g.clone()).collect();
-                if let Err(e) = self.forget_in(range_id, names).await {
+                if let Err(e) = self.forget_in(range_id, names, plans_only).await {
                     tracing::debug!(range_id, "could not forget decisions yet: {e}");
                     let again: Vec<_> = gids
                         .into_iter()
@@ -334,7 +480,7 @@ impl Ranges {
                         .ready
                         .lock()
                         .expect("forget lock")
-                        .entry(range_id)
+                        .entry((range_id, plans_only))
                         .or_default()
                         .extend(again);
                 }
@@ -343,13 +489,18 @@ impl Ranges {
         }
     }
 
-    async fn forget_in(&self, range_id: u64, gids: Vec<String>) -> Result<(), String> {
+    async fn forget_in(
+        &self,
+        range_id: u64,
+        gids: Vec<String>,
+        plans_only: bool,
+    ) -> Result<(), String> {
         if !self.range_exists(range_id) {
             return Ok(());
         }
         let local = self.group(range_id);
         if local.as_ref().is_some_and(|g| g.leading().is_some()) {
-            return self.serve_forget_here(range_id, gids).await;
+            return self.serve_forget_here(range_id, gids, plans_only).await;
         }
         let leader = local
             .and_then(|g| g.raft.metrics().borrow().current_leader)
@@ -360,7 +511,11 @@ impl Ranges {
         let addr = self
             .node_addr(leader)
             .ok_or("the leader's address is not known")?;
-        let req = PeerRequest::ForgetDecisions { range_id, gids };
+        let req = PeerRequest::ForgetDecisions {
+            range_id,
+            gids,
+            plans_only,
+        };
         match self
             .transport
             .call(&addr, req, Duration::from_secs(10))
@@ -374,10 +529,15 @@ impl Ranges {
     }
 
     /// A coordinator has range `range_id`, which this node may lead, forget `gids`.
-    pub async fn serve_forget(&self, range_id: u64, gids: Vec<String>) -> PeerResponse {
+    pub async fn serve_forget(
+        &self,
+        range_id: u64,
+        gids: Vec<String>,
+        plans_only: bool,
+    ) -> PeerResponse {
         match self.group(range_id) {
             Some(g) if g.leading().is_some() => {
-                match self.serve_forget_here(range_id, gids).await {
+                match self.serve_forget_here(range_id, gids, plans_only).await {
                     Ok(()) => PeerResponse::Forgotten,
                     Err(message) => PeerResponse::Error {
                         message,
@@ -391,7 +551,12 @@ impl Ranges {
 
     /// Appends a `Forget` entry for `gids` to range `range_id`'s log, on its leader (this
     /// node). A sealed range forgets nothing: its records outlive it (`sealed_decision`).
-    async fn serve_forget_here(&self, range_id: u64, gids: Vec<String>) -> Result<(), String> {
+    async fn serve_forget_here(
+        &self,
+        range_id: u64,
+        gids: Vec<String>,
+        plans_only: bool,
+    ) -> Result<(), String> {
         let g = self
             .group(range_id)
             .filter(|g| g.leading().is_some())
@@ -405,7 +570,7 @@ impl Ranges {
             schema_version: 0,
             changes: "[]".into(),
             at_ms: crate::node::now_ms(),
-            kind: TxnKind::Forget { gids },
+            kind: TxnKind::Forget { gids, plans_only },
             chunk: None,
         };
         // Not `propose`: an ambiguous outcome needs no fence here (the entry writes no rows),

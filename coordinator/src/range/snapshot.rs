@@ -49,6 +49,10 @@ pub struct Header {
     /// it records only abort, on this replica as on the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed_at: Option<u64>,
+    /// The coordinators' plans kept beside those decisions (up to `index` too), so that a
+    /// replica that starts here and comes to lead the range can drive their forget.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plans: Vec<(String, super::store::StoredPlan)>,
 }
 
 /// Where a range's rows live on this node.
@@ -256,6 +260,12 @@ impl Source {
             .map_err(|e| format!("reading the range's decisions: {e}"))?;
         let sealed_at = super::store::sealed_at(db, range_id)
             .map_err(|e| format!("reading the range's seal: {e}"))?;
+        let plans = super::store::range_plans(db, range_id, u64::MAX)
+            .map_err(|e| format!("reading the range's plans: {e}"))?
+            .into_iter()
+            .filter(|(_, _, p)| p.index <= index)
+            .map(|(gid, _, p)| (gid, p))
+            .collect();
         let header = Header {
             range_id,
             index,
@@ -264,6 +274,7 @@ impl Source {
             rows,
             decisions,
             sealed_at,
+            plans,
         };
         let mut out = serde_json::to_vec(&header).expect("headers serialize");
         out.push(b'\n');
@@ -601,6 +612,7 @@ impl Source {
             rows: rows.lines().count() as u64,
             decisions: vec![],
             sealed_at: None,
+            plans: vec![],
         };
         let mut c = self.connect().await?;
         let r = self
@@ -961,6 +973,20 @@ mod tests {
             rows: 2,
             decisions: vec![("mr:1:2".into(), true), ("mr:1:3".into(), false)],
             sealed_at: Some(50),
+            plans: vec![(
+                "mr:1:2".into(),
+                super::super::store::StoredPlan {
+                    index: 40,
+                    at_ms: 1_700_000_000_000,
+                    plan: mr_wire::peer::ForgetPlan {
+                        database: "mr".into(),
+                        parts: vec![3, 4],
+                        nodes: vec![(2, true)],
+                        keep_anchor: false,
+                        since_ms: 1_700_000_000_000,
+                    },
+                },
+            )],
         };
         let mut data = serde_json::to_vec(&h).unwrap();
         data.push(b'\n');

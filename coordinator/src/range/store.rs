@@ -50,6 +50,11 @@ const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions
 /// unless its cursor is past that `Forget` too (§8.5, "Forgetting decisions", rule 6).
 const RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
     TableDefinition::new("range_decisions_at");
+/// What the coordinator's `Decide` said its decision leaves to forget, by (range,
+/// transaction): a JSON [`StoredPlan`]. Kept beside the range's record, replicated like it
+/// (snapshots carry those up to their index) and forgotten with it, so that the anchor's
+/// leader, whichever node that is, can drive a forget its coordinator did not finish.
+const RANGE_PLANS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_plans");
 /// [`RANGE_DECISIONS`] as kept before each record had its index (the second value was the
 /// entry's time): moved into it, with index 0, when the store opens.
 const OLD_RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
@@ -84,6 +89,7 @@ pub fn open_db(dir: &Path) -> anyhow::Result<Arc<Database>> {
     tx.open_table(META)?;
     tx.open_table(DECISIONS)?;
     tx.open_table(RANGE_DECISIONS)?;
+    tx.open_table(RANGE_PLANS)?;
     let old = tx
         .list_tables()?
         .any(|t| t.name() == OLD_RANGE_DECISIONS.name());
@@ -203,14 +209,16 @@ pub fn decision(db: &Database, gid: &str) -> Result<Option<bool>, redb::Error> {
     Ok(t.get(gid)?.map(|v| v.value() == 1))
 }
 
-/// How many decisions this node records (`txn_decisions`) and its ranges' records hold in
-/// all (`range_decisions_at`): what forgetting keeps small (`/metrics`).
-pub fn decision_counts(db: &Database) -> Result<(u64, u64), redb::Error> {
+/// How many decisions this node records (`txn_decisions`), its ranges' records hold in all
+/// (`range_decisions_at`), and how many plans they keep (`range_plans`): what forgetting
+/// keeps small (`/metrics`).
+pub fn decision_counts(db: &Database) -> Result<(u64, u64, u64), redb::Error> {
     use redb::ReadableTableMetadata;
     let tx = db.begin_read()?;
     let node = tx.open_table(DECISIONS)?.len()?;
     let ranges = tx.open_table(RANGE_DECISIONS)?.len()?;
-    Ok((node, ranges))
+    let plans = tx.open_table(RANGE_PLANS)?.len()?;
+    Ok((node, ranges, plans))
 }
 
 /// The decision range `range`'s own log recorded for `gid` (its first `Decide` for it), if
@@ -245,16 +253,19 @@ pub fn range_decisions(
     Ok(out)
 }
 
-/// Forgets range `range`'s records of transactions `gids`, and this node's: done by the
-/// range's applier at its `Forget` entry, so past every `Prepare` entry of theirs in this
-/// replica's log (rule 5). Nothing needs them again: their coordinator had every part range's
-/// log hold the decision and every prepared part end first. Answers the range's records
-/// forgotten (transaction, commit).
+/// Forgets range `range`'s records of transactions `gids` (and their plans), and this
+/// node's: done by the range's applier at its `Forget` entry, so past every `Prepare` entry
+/// of theirs in this replica's log (rule 5). Nothing needs them again: their coordinator (or
+/// the anchor's leader, on its plan) had every part range's log hold the decision and every
+/// prepared part end first. Answers the range's records forgotten (transaction, commit).
 /// Without `range`, only this node's records (the coordinator's, once it is done with them).
+/// `plans_only`: only the range's plans go (a part could not be confirmed; the anchor keeps
+/// its record for good).
 pub fn forget_decisions(
     db: &Database,
     range: Option<u64>,
     gids: &[String],
+    plans_only: bool,
 ) -> Result<Vec<(String, bool)>, redb::Error> {
     crate::blocking::run(|| {
         // Synced (one per `Forget` entry, which batches many): the applier's cursor moves past
@@ -264,8 +275,13 @@ pub fn forget_decisions(
         {
             let mut node = tx.open_table(DECISIONS)?;
             let mut mine = tx.open_table(RANGE_DECISIONS)?;
+            let mut plans = tx.open_table(RANGE_PLANS)?;
             for gid in gids {
                 if let Some(r) = range {
+                    plans.remove((r, gid.as_str()))?;
+                    if plans_only {
+                        continue;
+                    }
                     if let Some(v) = mine.remove((r, gid.as_str()))? {
                         forgot.push((gid.clone(), v.value().0 == 1));
                     }
@@ -275,6 +291,70 @@ pub fn forget_decisions(
         }
         tx.commit()?;
         Ok(forgot)
+    })
+}
+
+/// A coordinator's plan as range records keep it ([`RANGE_PLANS`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredPlan {
+    /// The index of the `Decide` entry that carried it (a snapshot carries those up to its
+    /// own index).
+    pub index: u64,
+    /// When its `Decide` was proposed (the proposer's clock, Unix ms).
+    pub at_ms: u64,
+    pub plan: mr_wire::peer::ForgetPlan,
+}
+
+/// The plans range `range` keeps, with the range's record of each (`None`: not applied here
+/// yet), of `Decide` entries proposed before `before_ms` (all of them with `u64::MAX`).
+pub fn range_plans(
+    db: &Database,
+    range: u64,
+    before_ms: u64,
+) -> Result<Vec<(String, Option<bool>, StoredPlan)>, redb::Error> {
+    let tx = db.begin_read()?;
+    let plans = tx.open_table(RANGE_PLANS)?;
+    let records = tx.open_table(RANGE_DECISIONS)?;
+    let mut out = Vec::new();
+    for kv in plans.range((range, "")..(range + 1, ""))? {
+        let (k, v) = kv?;
+        let Ok(p) = serde_json::from_slice::<StoredPlan>(v.value()) else {
+            continue;
+        };
+        if p.at_ms >= before_ms {
+            continue;
+        }
+        let gid = k.value().1.to_string();
+        let record = records
+            .get((range, gid.as_str()))?
+            .map(|v| v.value().0 == 1);
+        out.push((gid, record, p));
+    }
+    Ok(out)
+}
+
+/// Keeps the plans a snapshot of `range` carries (one kept here already stands).
+pub fn install_range_plans(
+    db: &Database,
+    range: u64,
+    plans: &[(String, StoredPlan)],
+) -> Result<(), redb::Error> {
+    if plans.is_empty() {
+        return Ok(());
+    }
+    crate::blocking::run(|| {
+        let tx = db.begin_write()?;
+        {
+            let mut t = tx.open_table(RANGE_PLANS)?;
+            for (gid, p) in plans {
+                if t.get((range, gid.as_str()))?.is_none() {
+                    let bytes = serde_json::to_vec(p).expect("plans serialize");
+                    t.insert((range, gid.as_str()), bytes.as_slice())?;
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(())
     })
 }
 
@@ -390,6 +470,9 @@ pub fn remove_range(db: &Database, dir: &Path, range: u64) -> Result<(), redb::E
             tx.open_table(RANGE_DECISIONS)?
                 .retain_in((range, "")..(range + 1, ""), |_, _| false)?;
         }
+        // Plans are for the range's leader to drive; a sealed range forgets nothing.
+        tx.open_table(RANGE_PLANS)?
+            .retain_in((range, "")..(range + 1, ""), |_, _| false)?;
         {
             let mut m = tx.open_table(META)?;
             m.retain(|(r, _), _| r != range)?;
@@ -855,12 +938,13 @@ impl RaftSnapshotBuilder<RangeConfig> for StateMachine {
 
 /// What the state machine records of an entry, in log order.
 enum Recorded {
-    /// A `Decide` entry, answered in `out[slot]`.
+    /// A `Decide` entry, answered in `out[slot]`, with its coordinator's plan and time.
     Decide {
         slot: usize,
         gid: String,
         commit: bool,
         index: u64,
+        plan: Option<(mr_wire::peer::ForgetPlan, u64)>,
     },
     Seal {
         index: u64,
@@ -885,14 +969,16 @@ fn record_decisions(
         .and_then(|v| serde_json::from_slice(v.value()).ok());
     let mut t = tx.open_table(DECISIONS)?;
     let mut mine = tx.open_table(RANGE_DECISIONS)?;
+    let mut plans = tx.open_table(RANGE_PLANS)?;
     for d in decides {
-        let (i, gid, commit, index) = match d {
+        let (i, gid, commit, index, plan) = match d {
             Recorded::Decide {
                 slot,
                 gid,
                 commit,
                 index,
-            } => (slot, gid, commit, index),
+                plan,
+            } => (slot, gid, commit, index, plan),
             Recorded::Seal { index } => {
                 sealed_at = Some(*index);
                 let at = serde_json::to_vec(index).expect("numbers serialize");
@@ -910,9 +996,17 @@ fn record_decisions(
         // same, and a commit copied in then must not confirm the range to the coordinator
         // (which would let the anchor forget while a lagging replica of this range, which
         // takes no copies, still needs its answer).
+        // A coordinator's proposal that arrived long after it began deciding is a stale
+        // frame: abort (`twophase::STALE_PROPOSAL`). Both times are in the entry, so every
+        // replica reads the same.
+        let stale = plan.as_ref().is_some_and(|(p, at_ms)| {
+            p.since_ms > 0
+                && at_ms.saturating_sub(p.since_ms)
+                    > super::twophase::STALE_PROPOSAL.as_millis() as u64
+        });
         let decided = match own {
             Some(d) => d,
-            None if sealed => false,
+            None if sealed || stale => false,
             None => *commit,
         };
         if known.is_none() && decided {
@@ -920,6 +1014,20 @@ fn record_decisions(
         }
         if own.is_none() {
             mine.insert((range, gid.as_str()), (u8::from(decided), *index))?;
+        }
+        // The coordinator's plan, whichever `Decide` made the record: once its proposal is in
+        // the log it proposes nothing more, so forgetting the record (commit or abort) on
+        // the plan is safe. Not in a sealed range, which forgets nothing.
+        if let (Some((plan, at_ms)), false) = (plan, sealed) {
+            if plans.get((range, gid.as_str()))?.is_none() {
+                let p = StoredPlan {
+                    index: *index,
+                    at_ms: *at_ms,
+                    plan: plan.clone(),
+                };
+                let bytes = serde_json::to_vec(&p).expect("plans serialize");
+                plans.insert((range, gid.as_str()), bytes.as_slice())?;
+            }
         }
         out[*i] = Some(decided);
     }
@@ -952,11 +1060,12 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                         a.membership = StoredMembership::new(Some(e.log_id), m);
                     }
                     EntryPayload::Normal(w) => match w.kind {
-                        TxnKind::Decide { gid, commit } => decides.push(Recorded::Decide {
+                        TxnKind::Decide { gid, commit, plan } => decides.push(Recorded::Decide {
                             slot: out.len(),
                             gid,
                             commit,
                             index: e.log_id.index,
+                            plan: plan.map(|p| (p, w.at_ms)),
                         }),
                         TxnKind::Seal => decides.push(Recorded::Seal {
                             index: e.log_id.index,
@@ -1054,6 +1163,8 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
             header.index,
         )
         .map_err(|e| io(e, StorageIOError::write))?;
+        install_range_plans(&self.db, self.range, &header.plans)
+            .map_err(|e| io(e, StorageIOError::write))?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_AFTER_ROWS);
         if header.rows > 0 || !header.skip.is_empty() {
             put(&self.db, (self.range, self.inc), PURGED_DATA, &true, true)
@@ -1098,6 +1209,7 @@ mod tests {
             gid: gid.into(),
             commit,
             index,
+            plan: None,
         }
     }
 
@@ -1202,7 +1314,7 @@ mod tests {
         super::install_range_decisions(&db, 8, &both[..1], None, 5).unwrap();
         let gids = ["mr:1:2", "mr:1:4", "mr:1:9"].map(String::from);
         assert_eq!(
-            super::forget_decisions(&db, Some(7), &gids).unwrap(),
+            super::forget_decisions(&db, Some(7), &gids, false).unwrap(),
             vec![("mr:1:2".to_string(), true), ("mr:1:4".to_string(), false)]
         );
         assert_eq!(super::range_decision(&db, 7, "mr:1:4").unwrap(), None);
@@ -1211,6 +1323,103 @@ mod tests {
         assert_eq!(super::range_decision(&db, 8, "mr:1:2").unwrap(), Some(true));
         assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
         assert_eq!(super::decision(&db, "mr:1:3").unwrap(), Some(true));
+    }
+
+    fn plan(since_ms: u64) -> mr_wire::peer::ForgetPlan {
+        mr_wire::peer::ForgetPlan {
+            database: "mr".into(),
+            parts: vec![8, 9],
+            nodes: vec![(2, true), (3, false)],
+            keep_anchor: false,
+            since_ms,
+        }
+    }
+
+    /// A coordinator's plan is kept beside the range's record, whichever `Decide` made that
+    /// record (its proposal is its last word either way), and answered with the record once
+    /// its `Decide` is old enough; a `Forget` takes both, one for plans only takes the plan
+    /// and leaves the record. A sealed range keeps no plan: it forgets nothing.
+    #[test]
+    fn a_coordinators_plan_is_kept_beside_the_record_until_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let at = 1_700_000_000_000;
+        let with_plan = |slot, gid: &str, commit, index| super::Recorded::Decide {
+            slot,
+            gid: gid.into(),
+            commit,
+            index,
+            plan: Some((plan(at), at + 5)),
+        };
+        let decides = [
+            decide(0, "mr:1:1", false, 3),
+            with_plan(1, "mr:1:1", true, 4),
+            with_plan(2, "mr:1:2", true, 5),
+            Recorded::Seal { index: 6 },
+            with_plan(4, "mr:1:3", true, 7),
+        ];
+        let mut out = vec![None; 5];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides[..3], &mut out).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(out[..3], [Some(false), Some(false), Some(true)]);
+        assert!(super::range_plans(&db, 7, at + 5).unwrap().is_empty());
+        let mut plans = super::range_plans(&db, 7, at + 6).unwrap();
+        plans.sort_by(|a, b| a.0.cmp(&b.0));
+        let kept: Vec<_> = plans
+            .iter()
+            .map(|(g, d, p)| (g.as_str(), *d, p.index, p.at_ms))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("mr:1:1", Some(false), 4, at + 5),
+                ("mr:1:2", Some(true), 5, at + 5)
+            ]
+        );
+        assert_eq!(plans[0].2.plan, plan(at));
+        super::forget_decisions(&db, Some(7), &["mr:1:1".into()], true).unwrap();
+        assert_eq!(
+            super::range_decision(&db, 7, "mr:1:1").unwrap(),
+            Some(false)
+        );
+        super::forget_decisions(&db, Some(7), &["mr:1:2".into()], false).unwrap();
+        assert!(super::range_plans(&db, 7, u64::MAX).unwrap().is_empty());
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides[3..], &mut out).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(out[4], Some(false));
+        assert!(super::range_plans(&db, 7, u64::MAX).unwrap().is_empty());
+    }
+
+    /// A coordinator's proposal that reaches the anchor long after it began deciding (a
+    /// stale frame: it answered its client 40003 long ago) decides abort, on every replica
+    /// alike (both times are in the entry), so no commit is recorded after an abort that was
+    /// answered to it has been forgotten. One in time commits; a record already there stands.
+    #[test]
+    fn a_stale_commit_proposal_decides_abort() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let since = 1_700_000_000_000;
+        let late = since + super::super::twophase::STALE_PROPOSAL.as_millis() as u64 + 1;
+        let proposal = |slot, gid: &str, at_ms| super::Recorded::Decide {
+            slot,
+            gid: gid.into(),
+            commit: true,
+            index: 10 + slot as u64,
+            plan: Some((plan(since), at_ms)),
+        };
+        let decides = [
+            proposal(0, "mr:1:1", since + 20_000),
+            proposal(1, "mr:1:2", late),
+            proposal(2, "mr:1:1", late),
+        ];
+        let mut out = vec![None; 3];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
+        tx.commit().unwrap();
+        assert_eq!(out, [Some(true), Some(false), Some(true)]);
+        assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
     }
 
     /// Records kept before they had an index move into the indexed table with index 0, which

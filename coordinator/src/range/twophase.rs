@@ -20,7 +20,7 @@
 
 use super::{store, Group, Ranges, TxnKind, TxnMeta, TxnWrite, WriteError};
 use mr_wire::local::{Finish, ForwardRequest, LocalResponse, LocalWrite, Participant, PrepareAs};
-use mr_wire::peer::{PeerRequest, PeerResponse};
+use mr_wire::peer::{ForgetPlan, PeerRequest, PeerResponse};
 use sqlx::postgres::PgConnection;
 use sqlx::{ConnectOptions, Connection, Row};
 use std::sync::Arc;
@@ -57,6 +57,17 @@ enum Record {
     /// and no range here whose `Forget` would take the record again.
     Never,
 }
+/// A coordinator's proposal that reaches its anchor this long after it began deciding is
+/// stale: the coordinator stopped waiting for any answer long before (after
+/// [`DECIDE_TIMEOUT`] and one more attempt), so the proposal decides abort (see
+/// [`ForgetPlan::since_ms`]). The two times are two nodes' clocks: their offset must stay
+/// well below this (a leader ahead by more than about 40 s would abort every commit
+/// proposed to it from elsewhere).
+pub const STALE_PROPOSAL: Duration = Duration::from_secs(60);
+/// An abort is forgotten this long after a commit proposal it was answered to, or after its
+/// plan's `Decide`: then no stale commit frame can follow its `Forget` and be recorded,
+/// with clocks up to [`STALE_PROPOSAL`] apart.
+pub const FORGET_ABORT_AFTER: Duration = Duration::from_secs(120);
 /// A transaction undecided this long is decided abort even while a node says it is still
 /// coordinating it (a coordinator stuck that long holds its participants' locks no longer).
 pub const COORDINATOR_LIMIT: Duration = Duration::from_secs(600);
@@ -149,7 +160,8 @@ impl Ranges {
             }
             // Decide abort at once, so that no applier waits for the prepared entries; once
             // that decision stands the outcome is known, whatever the proposals did.
-            return match self.decided(p.anchor, &p.gid, false).await {
+            let plan = local_plan(&p, &proposed);
+            return match self.decided(p.anchor, &p.gid, false, plan).await {
                 Ok(Some(false)) => {
                     self.forget_later(&p, "", false, proposed, Vec::new(), false, Instant::now());
                     Err(match e {
@@ -163,14 +175,19 @@ impl Ranges {
         if !coordinating {
             return Ok(entries);
         }
-        match self.decided(p.anchor, &p.gid, true).await {
+        match self
+            .decided(p.anchor, &p.gid, true, local_plan(&p, &proposed))
+            .await
+        {
             Ok(Some(true)) => {
                 self.forget_later(&p, "", true, proposed, Vec::new(), false, Instant::now());
                 Ok(entries)
             }
             Ok(_) => {
-                // Answered: this coordinator proposes nothing more, so the abort can go too.
-                self.forget_later(&p, "", false, proposed, Vec::new(), false, Instant::now());
+                // Answered: this coordinator proposes nothing more, so the abort can go too
+                // (once no stale frame of its commit proposal can arrive).
+                let after = Instant::now() + FORGET_ABORT_AFTER;
+                self.forget_later(&p, "", false, proposed, Vec::new(), false, after);
                 Err(WriteError::Retryable(format!(
                     "transaction {} was decided aborted while it prepared (its coordinator seemed gone)",
                     p.gid
@@ -199,15 +216,29 @@ impl Ranges {
         if let Ok(Some(d)) = store::decision(&self.db, gid) {
             return Ok(Some(d));
         }
-        self.ask_range(anchor, gid, propose, false).await
+        self.ask_range(anchor, gid, propose, false, None).await
     }
 
-    /// [`Self::decide`] by the transaction's coordinator, proposing `commit`: the decision is
+    /// [`Self::decide`] by the transaction's coordinator, proposing `commit` with `plan`
+    /// (what the decision leaves to forget, kept beside the anchor's record): the decision is
     /// then this node's record, on the coordinator's word (an abort read from a log never is:
     /// `store::DECISIONS`), which the part ranges it prepared in here copy
     /// (`spread_decision`).
-    async fn decided(&self, anchor: u64, gid: &str, commit: bool) -> Result<Option<bool>, String> {
-        let d = self.decide(anchor, gid, Some(commit)).await?;
+    async fn decided(
+        &self,
+        anchor: u64,
+        gid: &str,
+        commit: bool,
+        mut plan: ForgetPlan,
+    ) -> Result<Option<bool>, String> {
+        plan.since_ms = crate::node::now_ms();
+        let d = match store::decision(&self.db, gid) {
+            Ok(Some(d)) => Some(d),
+            _ => {
+                self.ask_range(anchor, gid, Some(commit), false, Some(&plan))
+                    .await?
+            }
+        };
         // A commit is usually recorded already (from the anchor's log, when it is led here):
         // no write, and no sync, on the commit's path then.
         if let Some(d) =
@@ -233,7 +264,7 @@ impl Ranges {
         if self.sealed_by(range).is_some() || !self.range_exists(range) {
             return Ok(None);
         }
-        self.ask_range(range, gid, Some(commit), true).await
+        self.ask_range(range, gid, Some(commit), true, None).await
     }
 
     /// [`Self::decide`] without this node's record (the caller read it).
@@ -243,18 +274,19 @@ impl Ranges {
         gid: &str,
         propose: Option<bool>,
     ) -> Result<Option<bool>, String> {
-        self.ask_range(anchor, gid, propose, false).await
+        self.ask_range(anchor, gid, propose, false, None).await
     }
 
     /// [`Self::decide`] without this node's record: the leader of range `anchor` answers (or
     /// the node that applied its seal, once it is dropped). `copy`: see
-    /// [`Self::copy_decision`].
+    /// [`Self::copy_decision`]. `plan`: see [`Self::decided`].
     async fn ask_range(
         &self,
         anchor: u64,
         gid: &str,
         propose: Option<bool>,
         copy: bool,
+        plan: Option<&ForgetPlan>,
     ) -> Result<Option<bool>, String> {
         let deadline = Instant::now() + DECIDE_TIMEOUT;
         let mut last_error = String::from("no leaseholder known");
@@ -276,7 +308,7 @@ impl Ranges {
                 if let (true, Some(d)) = (copy, self.forgot_lately(anchor, gid)) {
                     return Ok(Some(d));
                 }
-                match self.decide_here(g, gid, propose).await {
+                match self.decide_here(g, gid, propose, plan).await {
                     Ok(d) => return Ok(d),
                     Err(e) => last_error = e,
                 }
@@ -297,6 +329,7 @@ impl Ranges {
                         gid: gid.to_string(),
                         propose,
                         copy,
+                        plan: plan.cloned(),
                     };
                     // The answer is not recorded here: only the coordinator's word is (see
                     // `store::DECISIONS`), and its callers record it where it is that.
@@ -384,12 +417,15 @@ impl Ranges {
         PeerResponse::Sealed { node_id: self.me }
     }
 
-    /// [`Self::decide`] on the anchor's leader.
+    /// [`Self::decide`] on the anchor's leader. A `plan` is proposed even when the range
+    /// decided already: it is the coordinator's last word, and what lets the range's leader
+    /// drive the forget.
     async fn decide_here(
         &self,
         g: &Group,
         gid: &str,
         propose: Option<bool>,
+        plan: Option<&ForgetPlan>,
     ) -> Result<Option<bool>, String> {
         let Some(commit) = propose else {
             let read = |e: redb::Error| e.to_string();
@@ -400,7 +436,9 @@ impl Ranges {
         };
         // The range's log decided already (its first `Decide` for `gid` is its record).
         if let Ok(Some(d)) = store::range_decision(&self.db, g.range_id, gid) {
-            return Ok(Some(d));
+            if plan.is_none() {
+                return Ok(Some(d));
+            }
         }
         let entry = TxnWrite {
             txn_id: gid.to_string(),
@@ -411,6 +449,7 @@ impl Ranges {
             kind: TxnKind::Decide {
                 gid: gid.to_string(),
                 commit,
+                plan: plan.cloned(),
             },
             chunk: None,
         };
@@ -429,6 +468,7 @@ impl Ranges {
         gid: String,
         propose: Option<bool>,
         copy: bool,
+        plan: Option<ForgetPlan>,
     ) -> PeerResponse {
         if copy
             && (self.sealed_by(anchor).is_some()
@@ -450,13 +490,15 @@ impl Ranges {
             return PeerResponse::TxnDecision { decision: Some(d) };
         }
         match self.group(anchor) {
-            Some(g) if g.leading().is_some() => match self.decide_here(&g, &gid, propose).await {
-                Ok(decision) => PeerResponse::TxnDecision { decision },
-                Err(message) => PeerResponse::Error {
-                    message,
-                    retryable: true,
-                },
-            },
+            Some(g) if g.leading().is_some() => {
+                match self.decide_here(&g, &gid, propose, plan.as_ref()).await {
+                    Ok(decision) => PeerResponse::TxnDecision { decision },
+                    Err(message) => PeerResponse::Error {
+                        message,
+                        retryable: true,
+                    },
+                }
+            }
             _ => self.not_leader(anchor),
         }
     }
@@ -567,10 +609,22 @@ impl Ranges {
                 Vec::new()
             }
         };
+        // What the decision leaves to forget, proposed with it (the anchor's leader drives
+        // the forget on it if this node does not).
+        let mut plan_parts: Vec<u64> = parts.iter().copied().filter(|&r| r != anchor).collect();
+        plan_parts.sort_unstable();
+        plan_parts.dedup();
+        let plan = ForgetPlan {
+            database: database.clone(),
+            parts: plan_parts,
+            nodes: prepared.iter().map(|n| (n.node, n.wrote)).collect(),
+            keep_anchor: parts_unknown,
+            since_ms: 0,
+        };
         if let Some(failure) = failure {
             // Nothing is decided: decide abort, so that no part waits, and roll back the
             // prepared ones (their appliers and the sweep would, too).
-            let decided = self.decided(anchor, &gid, false).await;
+            let decided = self.decided(anchor, &gid, false, plan).await;
             if decided != Ok(Some(false)) {
                 tracing::warn!(gid, ?decided, "could not record the abort of a failed two-phase commit; the parts resolve it later");
             }
@@ -594,7 +648,7 @@ impl Ranges {
         // Phase two: the decision, then the parts' commits.
         crate::failpoint::pause(crate::failpoint::SLOW_DECIDE, SWEEP_AFTER + SWEEP_AFTER / 2).await;
         crate::failpoint::hit(crate::failpoint::BEFORE_DECIDE);
-        match self.decided(anchor, &gid, true).await {
+        match self.decided(anchor, &gid, true, plan).await {
             Ok(Some(true)) => {
                 crate::failpoint::hit(crate::failpoint::AFTER_DECIDE);
                 let unconfirmed = self
@@ -615,8 +669,9 @@ impl Ranges {
                 let unconfirmed = self
                     .finish_parts(&database, &p, &prepared, false, false)
                     .await;
-                // Answered: this coordinator proposes nothing more, so the abort can go too.
-                let after = Instant::now() + FINISH_TIMEOUT;
+                // Answered: this coordinator proposes nothing more, so the abort can go too
+                // (once no stale frame of its commit proposal can arrive).
+                let after = Instant::now() + FORGET_ABORT_AFTER;
                 self.forget_later(&p, &database, false, parts, unconfirmed, false, after);
                 LocalResponse::Error {
                     message: format!("transaction {gid} was decided aborted while it prepared (its coordinator seemed gone)"),
@@ -729,8 +784,10 @@ impl Ranges {
         commit: bool,
         record: bool,
     ) -> PeerResponse {
-        let record = if record { Record::First } else { Record::Never };
-        match self.finish_prepared(&database, &name, commit, record).await {
+        match self
+            .end_prepared_here(&database, &name, commit, record)
+            .await
+        {
             Ok(()) => PeerResponse::Exec {
                 response: Box::new(LocalResponse::Done),
             },
@@ -739,6 +796,19 @@ impl Ranges {
                 retryable: true,
             },
         }
+    }
+
+    /// Ends this node's prepared transaction `name` (a part of a decided transaction whose
+    /// forget is driven here), recording the decision as [`Record::First`] if `record`.
+    pub(super) async fn end_prepared_here(
+        &self,
+        database: &str,
+        name: &str,
+        commit: bool,
+        record: bool,
+    ) -> Result<(), String> {
+        let record = if record { Record::First } else { Record::Never };
+        self.finish_prepared(database, name, commit, record).await
     }
 
     /// Ends prepared transaction `name`, recording its decision here as `record` says.
@@ -874,6 +944,22 @@ impl Ranges {
     }
 }
 
+/// The plan of a transaction whose every range is led here: part ranges only, no prepared
+/// node (its coordinator's backend commits its own).
+fn local_plan(p: &PrepareAs, proposed: &[u64]) -> ForgetPlan {
+    let mut parts: Vec<u64> = proposed
+        .iter()
+        .copied()
+        .filter(|&r| r != p.anchor)
+        .collect();
+    parts.sort_unstable();
+    parts.dedup();
+    ForgetPlan {
+        parts,
+        ..ForgetPlan::default()
+    }
+}
+
 /// Once `p`'s decision is known here, copies it into the other ranges the transaction
 /// prepared in on this node (a `Decide` entry there records the same first decision): their
 /// replicas' appliers pass their `Prepare` entries on their own log's record, and have one
@@ -905,6 +991,7 @@ async fn spread_decision(groups: Vec<Arc<Group>>, db: Arc<redb::Database>, p: Pr
             kind: TxnKind::Decide {
                 gid: p.gid.clone(),
                 commit,
+                plan: None,
             },
             chunk: None,
         };

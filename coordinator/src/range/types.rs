@@ -59,6 +59,10 @@ pub enum TxnKind {
     Decide {
         gid: String,
         commit: bool,
+        /// The coordinator's proposal carries what the decision leaves to forget: the range
+        /// keeps it beside its record, whichever `Decide` made that, until a `Forget`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan: Option<mr_wire::peer::ForgetPlan>,
     },
     /// One-range transactions committed in one entry: this entry's own (`txn_id`,
     /// `changes`, …) first, then each of `also` (all `Commit`s, proposed by this range's
@@ -73,12 +77,15 @@ pub enum TxnKind {
     /// replica that applied it holds every decision the range will ever record and answers
     /// for them once the range is gone (the meta group names it).
     Seal,
-    /// No rows: the range forgets its records of committed transactions `gids` (their
-    /// coordinator confirmed nothing needs them: ARCHITECTURE.md §8.5). Carried out by each
-    /// replica's applier as it passes the entry, so after every `Prepare` of theirs in the
-    /// log; a sealed range ignores it.
+    /// No rows: the range forgets its records of decided transactions `gids` (their
+    /// coordinator, or the anchor's leader on its plan, confirmed nothing needs them:
+    /// ARCHITECTURE.md §8.5). Carried out by each replica's applier as it passes the entry,
+    /// so after every `Prepare` of theirs in the log; a sealed range ignores it.
     Forget {
         gids: Vec<String>,
+        /// Only the plans go: the anchor keeps its records (a part could not be confirmed).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        plans_only: bool,
     },
 }
 

@@ -24,7 +24,9 @@ pub mod peer;
 /// forget's own messages (`PeerRequest::ForgetDecisions`, `Forwarded::prepared_ranges`).
 /// 4: `LocalResponse::PrepareFailed`, a failed prepare's answer, which a coordinator of
 /// version 3 could not decode, and `FinishPrepared::record`.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: forget plans in `Decide` entries and `TxnDecision`, and `Forget { plans_only }`, which a
+/// pgmr of version 4 would read as forgetting the records too.
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.

@@ -8,6 +8,29 @@
 
 use serde::{Deserialize, Serialize};
 
+/// What a two-phase commit's decision leaves to forget once it is decided (ARCHITECTURE.md
+/// §8.5, "Forgetting decisions"): the coordinator proposes it with its decision, so the
+/// anchor's log keeps it beside the record and the anchor's leader can drive the forget
+/// itself when the coordinator does not (it restarted, or gave up on a part for a while).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForgetPlan {
+    /// The database the parts' prepared transactions are in.
+    pub database: String,
+    /// Part ranges (not the anchor) whose logs must hold the decision first.
+    pub parts: Vec<u64>,
+    /// Nodes with a prepared part, and whether it wrote `Prepare` entries there.
+    pub nodes: Vec<(u64, bool)>,
+    /// A part may have written where nobody knows: only the parts' records go.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_anchor: bool,
+    /// When the coordinator began deciding (its clock, Unix ms; 0: not known). Its proposal
+    /// reaching the anchor much later is a stale frame of a coordinator that no longer
+    /// waits for it (its client had 40003), and decides abort there: so no commit can be
+    /// recorded after an abort it was answered is forgotten.
+    #[serde(default)]
+    pub since_ms: u64,
+}
+
 /// How a node is known to its peers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeDescriptor {
@@ -125,6 +148,10 @@ pub enum PeerRequest {
         /// node answers for a dropped range, and only for its own decisions).
         #[serde(default)]
         copy: bool,
+        /// With the coordinator's own proposal: what its decision leaves to forget, recorded
+        /// with it in the anchor's log ([`ForgetPlan`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        plan: Option<ForgetPlan>,
     },
     /// Whether this node is coordinating two-phase commit `gid` now (its prepares or its
     /// decision under way): [`PeerResponse::TxnCoordinating`]. Asked before a participant
@@ -140,7 +167,13 @@ pub enum PeerRequest {
     /// their coordinator, once nothing can need their decision there again: ARCHITECTURE.md
     /// §8.5): a `Forget` entry, proposed and answered with [`PeerResponse::Forgotten`], or
     /// `NotLeader`.
-    ForgetDecisions { range_id: u64, gids: Vec<String> },
+    ForgetDecisions {
+        range_id: u64,
+        gids: Vec<String>,
+        /// Only the anchor's plans go, not the records (a part could not be confirmed).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        plans_only: bool,
+    },
     /// Commits (or rolls back) this node's prepared transaction `name` in `database`, after
     /// the decision: [`PeerResponse::Exec`] with `Done`, or an error.
     FinishPrepared {
