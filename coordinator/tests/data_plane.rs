@@ -1996,11 +1996,21 @@ async fn restart_with_failpoint_probe(
 /// transfer over both nodes commits again. The committed one is forgotten everywhere, though
 /// its coordinator lost its work in the crash: the anchor's leader drives the forget on the
 /// plan its log keeps (before, its records stayed on every node for good), and so are the
-/// setup's, whose forget the first restart cut short.
+/// setup's, whose forget the first restart cut short. So is the aborted one, which no
+/// coordinator ever knew (a sweep decided it): each range forgets it once the commit limit
+/// (30 s here, `PGMR_COMMIT_LIMIT_SECS`) and a minute have passed, when no commit can follow
+/// (before, it stayed everywhere for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt() {
     let dir = scratch("data-2pc-crash");
-    let mut nodes = start_cluster(dir.path(), 39, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut nodes = start_cluster_with_env(
+        dir.path(),
+        39,
+        WAN,
+        &[EAST_B, WEST_A, EU_B],
+        &[("PGMR_COMMIT_LIMIT_SECS", "30")],
+    )
+    .await;
     const PER: i32 = 1;
     regional_bank(&nodes, PER).await;
     for (failpoint, tid, expect) in [
@@ -2041,11 +2051,10 @@ async fn a_coordinator_crash_around_the_decision_leaves_no_transaction_in_doubt(
         )
         .await;
         if failpoint == "2pc-after-decide" {
-            // (The aborted one's record is kept: decided by a sweep, for a coordinator that
-            // never learned it, which is what is left of step 3.)
             all_forgotten(&nodes, "the commit whose coordinator crashed forgotten").await;
         }
     }
+    all_forgotten(&nodes, "the abort no coordinator knew forgotten").await;
     check_consistency(&nodes[2]);
 }
 

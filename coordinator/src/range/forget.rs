@@ -17,8 +17,8 @@
 //! harmless for an abort; the one hazard would be a commit proposed after it, and only the
 //! coordinator proposes commit, which it never does once it knows the abort (a stale frame of
 //! its proposal arriving later decides abort: `twophase::STALE_PROPOSAL`). An abort decided
-//! for a coordinator whose proposal never reaches the anchor (it died first) is kept (step 3,
-//! not built).
+//! for a coordinator whose proposal never reaches the anchor (it died first) is presumed
+//! (below).
 //!
 //! **Leftovers.** The coordinator's work is in memory: a restart loses it, and it gives up on
 //! a part that stays away. So its decision carries a plan (the part ranges and prepared
@@ -26,6 +26,11 @@
 //! leader, whichever node that is, drives the same forget on a plan still there a minute
 //! after its `Decide` (the coordinator is usually done in a second). Two drivers at once
 //! (a coordinator slow on a part) do the same idempotent steps.
+//!
+//! **Presumed aborts.** An abort recorded without a plan (a sweep's, for a coordinator that
+//! died before proposing; a copy; one recorded anew after a `Forget`) is forgotten by each
+//! range that recorded it, on its own, once its commit limit has passed: a commit proposal
+//! that late decides abort (`twophase::commit_limit`), so no commit can follow it.
 
 use super::twophase::PreparedNode;
 use super::{Ranges, TxnKind, TxnWrite};
@@ -161,6 +166,8 @@ impl Ranges {
         let before = now.saturating_sub(LEFTOVER_AFTER.as_millis() as u64);
         let aborts_before =
             now.saturating_sub(super::twophase::FORGET_ABORT_AFTER.as_millis() as u64);
+        let presumed_before =
+            now.saturating_sub(super::twophase::forget_presumed_after().as_millis() as u64);
         let mut found = Vec::new();
         for g in self.groups() {
             if g.leading().is_none()
@@ -179,12 +186,24 @@ impl Ranges {
         if found.is_empty() {
             return;
         }
-        let ready = f.ready.lock().expect("forget lock");
+        let mut ready = f.ready.lock().expect("forget lock");
         let resting = f.resting.lock().expect("forget lock");
         let mut work = f.work.lock().expect("forget lock");
         for (anchor, (gid, record, stored)) in found {
             // A plan is written with its record, in one transaction.
             let Some(commit) = record else { continue };
+            if stored.presumed {
+                // An abort without a plan: this range forgets it once no commit can follow.
+                let queued = ready.entry((anchor, false)).or_default();
+                if !commit
+                    && stored.at_ms < presumed_before
+                    && !queued.iter().any(|(g, _)| *g == gid)
+                {
+                    tracing::debug!(gid, range_id = anchor, "forgetting a presumed abort");
+                    queued.push((gid, 0));
+                }
+                continue;
+            }
             if !commit && stored.at_ms >= aborts_before {
                 continue;
             }

@@ -984,7 +984,9 @@ mod tests {
                         nodes: vec![(2, true)],
                         keep_anchor: false,
                         since_ms: 1_700_000_000_000,
+                        commit_by_ms: 1_700_000_720_000,
                     },
+                    presumed: false,
                 },
             )],
         };

@@ -51,7 +51,7 @@ const DECISIONS: TableDefinition<&str, u8> = TableDefinition::new("txn_decisions
 const RANGE_DECISIONS: TableDefinition<(u64, &str), (u8, u64)> =
     TableDefinition::new("range_decisions_at");
 /// What the coordinator's `Decide` said its decision leaves to forget, by (range,
-/// transaction): a JSON [`StoredPlan`]. Kept beside the range's record, replicated like it
+/// transaction): a JSON [`StoredPlan`] (a presumed abort's has no plan). Kept beside the range's record, replicated like it
 /// (snapshots carry those up to their index) and forgotten with it, so that the anchor's
 /// leader, whichever node that is, can drive a forget its coordinator did not finish.
 const RANGE_PLANS: TableDefinition<(u64, &str), &[u8]> = TableDefinition::new("range_plans");
@@ -278,8 +278,21 @@ pub fn forget_decisions(
             let mut plans = tx.open_table(RANGE_PLANS)?;
             for gid in gids {
                 if let Some(r) = range {
-                    plans.remove((r, gid.as_str()))?;
+                    let plan = plans
+                        .remove((r, gid.as_str()))?
+                        .and_then(|v| serde_json::from_slice::<StoredPlan>(v.value()).ok());
                     if plans_only {
+                        // An abort's plan becomes presumed: the range forgets the record once
+                        // no commit can follow. A commit's record stays.
+                        let abort = mine
+                            .get((r, gid.as_str()))?
+                            .is_some_and(|v| v.value().0 == 0);
+                        if let (Some(mut p), true) = (plan, abort) {
+                            p.presumed = true;
+                            p.plan = mr_wire::peer::ForgetPlan::default();
+                            let bytes = serde_json::to_vec(&p).expect("plans serialize");
+                            plans.insert((r, gid.as_str()), bytes.as_slice())?;
+                        }
                         continue;
                     }
                     if let Some(v) = mine.remove((r, gid.as_str()))? {
@@ -303,6 +316,11 @@ pub struct StoredPlan {
     /// When its `Decide` was proposed (the proposer's clock, Unix ms).
     pub at_ms: u64,
     pub plan: mr_wire::peer::ForgetPlan,
+    /// No coordinator's plan: an abort recorded without one (a sweep's or an applier's, a
+    /// copy, one recorded anew), forgotten by the range itself once no commit can follow it
+    /// (`twophase::forget_presumed_after`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub presumed: bool,
 }
 
 /// The plans range `range` keeps, with the range's record of each (`None`: not applied here
@@ -938,13 +956,15 @@ impl RaftSnapshotBuilder<RangeConfig> for StateMachine {
 
 /// What the state machine records of an entry, in log order.
 enum Recorded {
-    /// A `Decide` entry, answered in `out[slot]`, with its coordinator's plan and time.
+    /// A `Decide` entry, answered in `out[slot]`: its proposer's time, and its coordinator's
+    /// plan if it is the coordinator's proposal.
     Decide {
         slot: usize,
         gid: String,
         commit: bool,
         index: u64,
-        plan: Option<(mr_wire::peer::ForgetPlan, u64)>,
+        at_ms: u64,
+        plan: Option<mr_wire::peer::ForgetPlan>,
     },
     Seal {
         index: u64,
@@ -971,14 +991,15 @@ fn record_decisions(
     let mut mine = tx.open_table(RANGE_DECISIONS)?;
     let mut plans = tx.open_table(RANGE_PLANS)?;
     for d in decides {
-        let (i, gid, commit, index, plan) = match d {
+        let (i, gid, commit, index, at_ms, plan) = match d {
             Recorded::Decide {
                 slot,
                 gid,
                 commit,
                 index,
+                at_ms,
                 plan,
-            } => (slot, gid, commit, index, plan),
+            } => (slot, gid, commit, index, *at_ms, plan),
             Recorded::Seal { index } => {
                 sealed_at = Some(*index);
                 let at = serde_json::to_vec(index).expect("numbers serialize");
@@ -997,12 +1018,14 @@ fn record_decisions(
         // (which would let the anchor forget while a lagging replica of this range, which
         // takes no copies, still needs its answer).
         // A coordinator's proposal that arrived long after it began deciding is a stale
-        // frame: abort (`twophase::STALE_PROPOSAL`). Both times are in the entry, so every
-        // replica reads the same.
-        let stale = plan.as_ref().is_some_and(|(p, at_ms)| {
-            p.since_ms > 0
+        // frame, and one past its commit limit is too late: abort
+        // (`twophase::STALE_PROPOSAL`, `twophase::commit_limit`). The times are in the
+        // entry, so every replica reads the same.
+        let stale = plan.as_ref().is_some_and(|p| {
+            (p.since_ms > 0
                 && at_ms.saturating_sub(p.since_ms)
-                    > super::twophase::STALE_PROPOSAL.as_millis() as u64
+                    > super::twophase::STALE_PROPOSAL.as_millis() as u64)
+                || (p.commit_by_ms > 0 && at_ms > p.commit_by_ms)
         });
         let decided = match own {
             Some(d) => d,
@@ -1017,14 +1040,28 @@ fn record_decisions(
         }
         // The coordinator's plan, whichever `Decide` made the record: once its proposal is in
         // the log it proposes nothing more, so forgetting the record (commit or abort) on
-        // the plan is safe. Not in a sealed range, which forgets nothing.
-        if let (Some((plan, at_ms)), false) = (plan, sealed) {
-            if plans.get((range, gid.as_str()))?.is_none() {
-                let p = StoredPlan {
+        // the plan is safe. An abort recorded without one is presumed: forgotten once no
+        // commit can follow it. Not in a sealed range, which forgets nothing.
+        if !sealed {
+            let kept = plans
+                .get((range, gid.as_str()))?
+                .and_then(|v| serde_json::from_slice::<StoredPlan>(v.value()).ok());
+            let p = match plan {
+                Some(plan) if kept.as_ref().is_none_or(|k| k.presumed) => Some(StoredPlan {
                     index: *index,
-                    at_ms: *at_ms,
+                    at_ms,
                     plan: plan.clone(),
-                };
+                    presumed: false,
+                }),
+                None if kept.is_none() && own.is_none() && !decided => Some(StoredPlan {
+                    index: *index,
+                    at_ms,
+                    plan: mr_wire::peer::ForgetPlan::default(),
+                    presumed: true,
+                }),
+                _ => None,
+            };
+            if let Some(p) = p {
                 let bytes = serde_json::to_vec(&p).expect("plans serialize");
                 plans.insert((range, gid.as_str()), bytes.as_slice())?;
             }
@@ -1065,7 +1102,8 @@ impl RaftStateMachine<RangeConfig> for StateMachine {
                             gid,
                             commit,
                             index: e.log_id.index,
-                            plan: plan.map(|p| (p, w.at_ms)),
+                            at_ms: w.at_ms,
+                            plan,
                         }),
                         TxnKind::Seal => decides.push(Recorded::Seal {
                             index: e.log_id.index,
@@ -1209,6 +1247,7 @@ mod tests {
             gid: gid.into(),
             commit,
             index,
+            at_ms: 0,
             plan: None,
         }
     }
@@ -1332,13 +1371,16 @@ mod tests {
             nodes: vec![(2, true), (3, false)],
             keep_anchor: false,
             since_ms,
+            commit_by_ms: since_ms + 600_000,
         }
     }
 
     /// A coordinator's plan is kept beside the range's record, whichever `Decide` made that
-    /// record (its proposal is its last word either way), and answered with the record once
+    /// record (its proposal is its last word either way; it replaces the presumed abort's
+    /// entry a sweep's record made), and answered with the record once
     /// its `Decide` is old enough; a `Forget` takes both, one for plans only takes the plan
-    /// and leaves the record. A sealed range keeps no plan: it forgets nothing.
+    /// and leaves the record (an abort's plan becomes presumed: the record goes once no
+    /// commit can follow). A sealed range keeps no plan: it forgets nothing.
     #[test]
     fn a_coordinators_plan_is_kept_beside_the_record_until_forgotten() {
         let dir = tempfile::tempdir().unwrap();
@@ -1349,7 +1391,8 @@ mod tests {
             gid: gid.into(),
             commit,
             index,
-            plan: Some((plan(at), at + 5)),
+            at_ms: at + 5,
+            plan: Some(plan(at)),
         };
         let decides = [
             decide(0, "mr:1:1", false, 3),
@@ -1384,6 +1427,15 @@ mod tests {
             Some(false)
         );
         super::forget_decisions(&db, Some(7), &["mr:1:2".into()], false).unwrap();
+        let left = super::range_plans(&db, 7, u64::MAX).unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        let (gid, record, p) = &left[0];
+        assert_eq!(
+            (gid.as_str(), *record, p.at_ms),
+            ("mr:1:1", Some(false), at + 5)
+        );
+        assert!(p.presumed && p.plan.parts.is_empty());
+        super::forget_decisions(&db, Some(7), &["mr:1:1".into()], false).unwrap();
         assert!(super::range_plans(&db, 7, u64::MAX).unwrap().is_empty());
         let tx = db.begin_write().unwrap();
         super::record_decisions(&tx, 7, &decides[3..], &mut out).unwrap();
@@ -1402,24 +1454,70 @@ mod tests {
         let db = super::open_db(dir.path()).unwrap();
         let since = 1_700_000_000_000;
         let late = since + super::super::twophase::STALE_PROPOSAL.as_millis() as u64 + 1;
-        let proposal = |slot, gid: &str, at_ms| super::Recorded::Decide {
+        let proposal = |slot, gid: &str, since, at_ms| super::Recorded::Decide {
             slot,
             gid: gid.into(),
             commit: true,
             index: 10 + slot as u64,
-            plan: Some((plan(since), at_ms)),
+            at_ms,
+            plan: Some(plan(since)),
         };
+        // The last one began deciding in time, but past its commit limit (its prepares took
+        // that long).
+        let mut past_limit = proposal(3, "mr:1:3", since, since + 601_000);
+        if let super::Recorded::Decide { plan: Some(p), .. } = &mut past_limit {
+            p.since_ms = since + 599_000;
+        }
         let decides = [
-            proposal(0, "mr:1:1", since + 20_000),
-            proposal(1, "mr:1:2", late),
-            proposal(2, "mr:1:1", late),
+            proposal(0, "mr:1:1", since, since + 20_000),
+            proposal(1, "mr:1:2", since, late),
+            proposal(2, "mr:1:1", since, late),
+            past_limit,
         ];
-        let mut out = vec![None; 3];
+        let mut out = vec![None; 4];
         let tx = db.begin_write().unwrap();
         super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
         tx.commit().unwrap();
-        assert_eq!(out, [Some(true), Some(false), Some(true)]);
+        assert_eq!(out, [Some(true), Some(false), Some(true), Some(false)]);
         assert_eq!(super::decision(&db, "mr:1:2").unwrap(), None);
+    }
+
+    /// An abort recorded without a coordinator's plan (a sweep's, a copy) keeps a presumed
+    /// entry with its `Decide`'s time, which the range's leader forgets it by once no commit
+    /// can follow; a commit, or a range's later `Decide` for a transaction it recorded, does
+    /// not; a sealed range keeps none. A snapshot carries it like a plan.
+    #[test]
+    fn an_abort_without_a_plan_is_presumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = super::open_db(dir.path()).unwrap();
+        let at = |slot, gid: &str, commit, at_ms| super::Recorded::Decide {
+            slot,
+            gid: gid.into(),
+            commit,
+            index: 20 + slot as u64,
+            at_ms,
+            plan: None,
+        };
+        let decides = [
+            at(0, "mr:1:1", false, 1_000),
+            at(1, "mr:1:1", false, 9_000),
+            at(2, "mr:1:2", true, 1_000),
+            at(3, "mr:1:3", true, 1_000),
+            at(4, "mr:1:3", false, 2_000),
+            Recorded::Seal { index: 25 },
+            at(6, "mr:1:4", false, 3_000),
+        ];
+        let mut out = vec![None; 7];
+        let tx = db.begin_write().unwrap();
+        super::record_decisions(&tx, 7, &decides, &mut out).unwrap();
+        tx.commit().unwrap();
+        let plans = super::range_plans(&db, 7, u64::MAX).unwrap();
+        assert_eq!(plans.len(), 1, "{plans:?}");
+        let (gid, record, p) = &plans[0];
+        assert_eq!((gid.as_str(), *record), ("mr:1:1", Some(false)));
+        assert!(p.presumed);
+        assert_eq!((p.index, p.at_ms), (20, 1_000));
+        assert!(super::range_plans(&db, 7, 1_000).unwrap().is_empty());
     }
 
     /// Records kept before they had an index move into the indexed table with index 0, which

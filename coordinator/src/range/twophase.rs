@@ -66,8 +66,41 @@ enum Record {
 pub const STALE_PROPOSAL: Duration = Duration::from_secs(60);
 /// An abort is forgotten this long after a commit proposal it was answered to, or after its
 /// plan's `Decide`: then no stale commit frame can follow its `Forget` and be recorded,
-/// with clocks up to [`STALE_PROPOSAL`] apart.
+/// while any two nodes' clocks are within 30 s of each other (the coordinator's and the
+/// proposing leader's offset, plus the forgetting and the proposing leaders').
 pub const FORGET_ABORT_AFTER: Duration = Duration::from_secs(120);
+/// A coordinator's commit proposal that reaches its anchor more than this after its commit
+/// began (its prepares) decides abort ([`ForgetPlan::commit_by_ms`]): well past
+/// [`COORDINATOR_LIMIT`] (after which the sweep aborts its parts anyway) and a forwarded
+/// prepare's 600 s. It is what lets a range forget an abort recorded without a plan (a
+/// sweep's, for a coordinator that died before proposing): no commit can follow it then.
+const COMMIT_LIMIT: Duration = Duration::from_secs(720);
+
+/// [`COMMIT_LIMIT`], or the testing knob `PGMR_COMMIT_LIMIT_SECS` (the cluster tests' way to
+/// see presumed aborts forgotten; every node of a cluster must have the same).
+pub fn commit_limit() -> Duration {
+    static LIMIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("PGMR_COMMIT_LIMIT_SECS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&s| s > 0)
+            .map_or(COMMIT_LIMIT, Duration::from_secs)
+    })
+}
+
+/// An abort recorded without a coordinator's plan (a sweep's or an applier's, a copy, one
+/// recorded anew after a `Forget`) is forgotten by its range this long after its `Decide`:
+/// the commit limit and a margin for clocks, any two within 30 s (presumed abort).
+pub fn forget_presumed_after() -> Duration {
+    commit_limit() + STALE_PROPOSAL
+}
+
+/// When a commit beginning now must be decided by, for [`ForgetPlan::commit_by_ms`].
+fn commit_by_ms() -> u64 {
+    crate::node::now_ms() + commit_limit().as_millis() as u64
+}
+
 /// A transaction undecided this long is decided abort even while a node says it is still
 /// coordinating it (a coordinator stuck that long holds its participants' locks no longer).
 pub const COORDINATOR_LIMIT: Duration = Duration::from_secs(600);
@@ -106,6 +139,7 @@ impl Ranges {
     ) -> Result<Vec<(u64, u64)>, WriteError> {
         let coordinating = prepare.is_none();
         let _coordinating = coordinating.then(|| Coordinating::new(self, txn_id));
+        let commit_by = commit_by_ms();
         let p = prepare.unwrap_or_else(|| PrepareAs {
             anchor: groups
                 .iter()
@@ -160,7 +194,7 @@ impl Ranges {
             }
             // Decide abort at once, so that no applier waits for the prepared entries; once
             // that decision stands the outcome is known, whatever the proposals did.
-            let plan = local_plan(&p, &proposed);
+            let plan = local_plan(&p, &proposed, commit_by);
             return match self.decided(p.anchor, &p.gid, false, plan).await {
                 Ok(Some(false)) => {
                     self.forget_later(&p, "", false, proposed, Vec::new(), false, Instant::now());
@@ -176,7 +210,7 @@ impl Ranges {
             return Ok(entries);
         }
         match self
-            .decided(p.anchor, &p.gid, true, local_plan(&p, &proposed))
+            .decided(p.anchor, &p.gid, true, local_plan(&p, &proposed, commit_by))
             .await
         {
             Ok(Some(true)) => {
@@ -514,6 +548,7 @@ impl Ranges {
         local: Option<LocalWrite>,
     ) -> LocalResponse {
         let _coordinating = Coordinating::new(self, &gid);
+        let commit_by = commit_by_ms();
         let Some(anchor) = self.choose_anchor(local.as_ref(), &participants) else {
             return LocalResponse::Error {
                 message: "no range leaseholder is known to record the transaction's decision"
@@ -620,6 +655,7 @@ impl Ranges {
             nodes: prepared.iter().map(|n| (n.node, n.wrote)).collect(),
             keep_anchor: parts_unknown,
             since_ms: 0,
+            commit_by_ms: commit_by,
         };
         if let Some(failure) = failure {
             // Nothing is decided: decide abort, so that no part waits, and roll back the
@@ -946,7 +982,7 @@ impl Ranges {
 
 /// The plan of a transaction whose every range is led here: part ranges only, no prepared
 /// node (its coordinator's backend commits its own).
-fn local_plan(p: &PrepareAs, proposed: &[u64]) -> ForgetPlan {
+fn local_plan(p: &PrepareAs, proposed: &[u64], commit_by_ms: u64) -> ForgetPlan {
     let mut parts: Vec<u64> = proposed
         .iter()
         .copied()
@@ -956,6 +992,7 @@ fn local_plan(p: &PrepareAs, proposed: &[u64]) -> ForgetPlan {
     parts.dedup();
     ForgetPlan {
         parts,
+        commit_by_ms,
         ..ForgetPlan::default()
     }
 }

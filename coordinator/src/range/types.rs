@@ -83,7 +83,8 @@ pub enum TxnKind {
     /// so after every `Prepare` of theirs in the log; a sealed range ignores it.
     Forget {
         gids: Vec<String>,
-        /// Only the plans go: the anchor keeps its records (a part could not be confirmed).
+        /// Only the plans go: the anchor keeps its records (a part could not be confirmed),
+        /// an abort's until no commit can follow it (its plan becomes presumed).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         plans_only: bool,
     },

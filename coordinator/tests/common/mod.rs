@@ -20,6 +20,8 @@ pub struct Node {
     pub pg_port: u16,
     pub rpc: String,
     pub data_dir: PathBuf,
+    /// The testing knobs it was started with, which it keeps across restarts.
+    pub env: Vec<(String, String)>,
 }
 
 impl Drop for Node {
@@ -76,7 +78,8 @@ impl Node {
         self.restart_with_env(&[]);
     }
 
-    /// [`Node::restart`] with extra environment variables (a `PGMR_FAILPOINT`).
+    /// [`Node::restart`] with extra environment variables (a `PGMR_FAILPOINT`), besides
+    /// those it was started with.
     pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
         let _ = self.child.wait();
         let log = std::fs::OpenOptions::new()
@@ -85,6 +88,7 @@ impl Node {
             .unwrap();
         self.child = Command::new(PGMR)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -192,6 +196,10 @@ pub fn start_node_with_env(
         pg_port,
         rpc,
         data_dir,
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
     }
 }
 

@@ -26,7 +26,10 @@ pub mod peer;
 /// version 3 could not decode, and `FinishPrepared::record`.
 /// 5: forget plans in `Decide` entries and `TxnDecision`, and `Forget { plans_only }`, which a
 /// pgmr of version 4 would read as forgetting the records too.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: `ForgetPlan::commit_by_ms` and presumed entries, which a pgmr of version 5 would ignore:
+/// its replicas would record commit where others record abort, and it would forget a
+/// presumed abort after two minutes.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.

@@ -29,6 +29,12 @@ pub struct ForgetPlan {
     /// recorded after an abort it was answered is forgotten.
     #[serde(default)]
     pub since_ms: u64,
+    /// The latest a commit proposal may reach the anchor (the coordinator's clock: when its
+    /// commit began, its prepares, plus its commit limit; 0: none). One later decides abort,
+    /// so a range may forget an abort recorded without a plan once that limit has passed
+    /// since: no commit can follow it.
+    #[serde(default)]
+    pub commit_by_ms: u64,
 }
 
 /// How a node is known to its peers.
@@ -170,7 +176,8 @@ pub enum PeerRequest {
     ForgetDecisions {
         range_id: u64,
         gids: Vec<String>,
-        /// Only the anchor's plans go, not the records (a part could not be confirmed).
+        /// Only the anchor's plans go, not the records (a part could not be confirmed): an
+        /// abort's plan becomes presumed, forgotten once no commit can follow.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         plans_only: bool,
     },
