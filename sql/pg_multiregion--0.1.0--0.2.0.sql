@@ -622,3 +622,28 @@ $fn$;
 CREATE TABLE multiregion.turn (taken bigint NOT NULL);
 INSERT INTO multiregion.turn VALUES (0);
 REVOKE ALL ON multiregion.turn FROM PUBLIC;
+
+-- A forwarded referential query that must see rows committed since the transaction's
+-- snapshot runs as PostgreSQL runs it (docs/ARCHITECTURE.md §9, "Foreign keys across
+-- leaseholders"): remote_exec's `crosscheck`.
+DROP FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]);
+CREATE FUNCTION multiregion."remote_exec"(
+	"role" TEXT,
+	"gateway_region" TEXT,
+	"sql" TEXT,
+	"types" TEXT[],
+	"vals" TEXT[],
+	"partitions" TEXT[] DEFAULT '{}',
+	"crosscheck" bool DEFAULT false
+) RETURNS TABLE (
+	"processed" bigint,
+	"row" TEXT[],
+	"moved" TEXT,
+	"keys" TEXT,
+	"deferred" TEXT,
+	"wrote" bool
+)
+STRICT
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'remote_exec_wrapper';
+REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[], bool) FROM PUBLIC;

@@ -4534,7 +4534,10 @@ async fn count_in_db(node: &Node, db: &str, sql: &str) -> Option<i64> {
 /// another node used to check its foreign keys against that node's copy: a parent inserted
 /// earlier in the same transaction on its leaseholder was missing there (23503 for a valid
 /// row), a cascade's check failed the same way, and the lock a check takes was taken on a
-/// copy, holding off no writer at the leaseholder.
+/// copy, holding off no writer at the leaseholder. The same holds under REPEATABLE READ, where
+/// a removed key's queries also see rows committed since the transaction's snapshot (as
+/// PostgreSQL's do); a cascade two levels deep reaches a third node; and a user trigger of a
+/// served statement that would change rows leased elsewhere is refused before it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes() {
     let dir = scratch("data-fk");
@@ -4546,6 +4549,8 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
             r#"CREATE TABLE parent (id int PRIMARY KEY, v text) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
             r#"CREATE TABLE child (id int PRIMARY KEY, pid int REFERENCES parent (id) ON UPDATE CASCADE ON DELETE CASCADE) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
             r#"CREATE TABLE pinned (id int PRIMARY KEY, pid int REFERENCES parent (id)) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            r#"CREATE TABLE sibling (id int PRIMARY KEY, pid int REFERENCES parent (id) ON DELETE CASCADE) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE grand (id int PRIMARY KEY, sid int REFERENCES sibling (id) ON DELETE CASCADE) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
         ],
     )
     .await;
@@ -4612,6 +4617,145 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
         .expect_err("pinned 70 references parent 7");
     assert_eq!(code(&err), "23503", "{err}");
 
+    // The same under REPEATABLE READ, whose served statements' checks used to read the
+    // serving node's copy: the parent this transaction inserted on node 2 was missing on
+    // node 3 (23503 for a valid row), and the check's lock held off no writer of the parent.
+    exec(
+        &mut east,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; INSERT INTO parent VALUES (3, 'rr'); \
+         INSERT INTO child VALUES (30, 3); INSERT INTO pinned VALUES (30, 3); COMMIT",
+    )
+    .await;
+    exec(&mut east, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    let err = sqlx::query("INSERT INTO child VALUES (31, 99)")
+        .execute(&mut east)
+        .await
+        .expect_err("parent 99 does not exist, under REPEATABLE READ either");
+    assert_eq!(code(&err), "23503", "{err}");
+    exec(&mut east, "ROLLBACK").await;
+    exec(
+        &mut east,
+        "INSERT INTO parent VALUES (8, 'locked under rr')",
+    )
+    .await;
+    let mut east_rr = connect(&nodes[0], "mr").await.unwrap();
+    exec(
+        &mut east_rr,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; INSERT INTO pinned VALUES (80, 8)",
+    )
+    .await;
+    let deleting = tokio::spawn({
+        let port = nodes[1].pg_port;
+        async move {
+            let mut c = try_connect_db(port, "mr").await;
+            sqlx::query("DELETE FROM parent WHERE id = 8")
+                .execute(&mut c)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !deleting.is_finished(),
+        "the delete at the parent's leaseholder waits for the REPEATABLE READ check's lock"
+    );
+    exec(&mut east_rr, "COMMIT").await;
+    let err = deleting
+        .await
+        .unwrap()
+        .expect_err("pinned 80 references parent 8");
+    assert_eq!(code(&err), "23503", "{err}");
+
+    // A key removed under REPEATABLE READ while a row referencing it was committed after the
+    // transaction's snapshot there: the referential queries read the latest snapshot, as
+    // PostgreSQL's do, so a NO ACTION key is found still referenced (23503) and a cascade
+    // meets a row its snapshot does not see (40001). Through node 1 (the parent's delete
+    // served by node 2, its queries returned to node 1) and through node 2 (its own queries,
+    // forwarded to node 3). They used to read with the transaction's snapshot, find nothing,
+    // and remove the key under the committed row.
+    let mut west = connect(&nodes[1], "mr").await.unwrap();
+    for (through, key) in [(&mut east, 9), (&mut west, 12)] {
+        for (table, key, expected) in [("pinned", key, "23503"), ("child", key + 1, "40001")] {
+            exec(
+                through,
+                &format!("INSERT INTO parent VALUES ({key}, 'removed under rr')"),
+            )
+            .await;
+            exec(
+                through,
+                &format!("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {table}"),
+            )
+            .await;
+            exec(
+                &mut eu,
+                &format!("INSERT INTO {table} VALUES ({key}5, {key})"),
+            )
+            .await;
+            let err = sqlx::query(&format!("DELETE FROM parent WHERE id = {key}"))
+                .execute(&mut *through)
+                .await
+                .expect_err(&format!(
+                    "{table} {key}: removed under a row committed meanwhile"
+                ));
+            assert_eq!(code(&err), expected, "{table} {key}: {err}");
+            exec(through, "ROLLBACK").await;
+        }
+    }
+
+    // A cascade two levels deep, served by node 2 for node 1: the parent's delete cascades to
+    // `sibling` there, whose rows cascade in turn to `grand`, leased on node 3. That second
+    // cascade's trigger belongs to a relation the statement opened only while its triggers
+    // fired, so its query was not known as referential and deleted node 2's copy.
+    exec(&mut east, "INSERT INTO parent VALUES (20, 'two levels')").await;
+    exec_once_settled(&mut east, "INSERT INTO sibling VALUES (20, 20)").await;
+    exec_once_settled(&mut east, "INSERT INTO grand VALUES (20, 20)").await;
+    exec(&mut east, "DELETE FROM parent WHERE id = 20").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the grandchild cascaded away", i + 1),
+            Duration::from_secs(30),
+            || async {
+                (count_in(n, "SELECT count(*) FROM grand").await == Some(0)
+                    && count_in(n, "SELECT count(*) FROM sibling").await == Some(0))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+
+    // A user trigger of a statement served by node 2 for node 1 that deletes rows leased on
+    // node 3: refused before it runs. It used to read node 2's copy, which may not have the
+    // rows yet: right after they were written the UPDATE committed, its trigger having
+    // deleted nothing anywhere.
+    execute_all(
+        &mut m,
+        &[
+            r#"CREATE TABLE audit (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            "CREATE FUNCTION forget_audit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN DELETE FROM audit WHERE id = NEW.id; RETURN NEW; END $$",
+            "CREATE TRIGGER forget_audit AFTER UPDATE ON parent FOR EACH ROW EXECUTE FUNCTION forget_audit()",
+        ],
+    )
+    .await;
+    exec_once_settled(&mut east, "INSERT INTO audit VALUES (7), (8)").await;
+    let err = sqlx::query("UPDATE parent SET v = 'audited' WHERE id = 7")
+        .execute(&mut east)
+        .await
+        .expect_err("the trigger changes rows leased on node 3");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("changes rows leased on node 3"),
+        "{err}"
+    );
+    exec(&mut m, "DROP TRIGGER forget_audit ON parent").await;
+    for (i, n) in nodes.iter().enumerate() {
+        assert_eq!(
+            count_in(n, "SELECT count(*) FROM parent WHERE v = 'audited'").await,
+            Some(0),
+            "node {}",
+            i + 1
+        );
+    }
+
     // A cascading delete through node 1 removes node 3's rows.
     exec(&mut east, "DELETE FROM parent WHERE id = 2").await;
     for (i, n) in nodes.iter().enumerate() {
@@ -4622,7 +4766,11 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
                 let children = count_in(n, "SELECT count(*) FROM child").await;
                 let parents = count_in(n, "SELECT count(*) FROM parent").await;
                 let pinned = count_in(n, "SELECT count(*) FROM pinned").await;
-                (children == Some(1) && parents == Some(3) && pinned == Some(3)).then_some(())
+                (children == Some(4)
+                    && parents == Some(9)
+                    && pinned == Some(7)
+                    && count_in(n, "SELECT count(*) FROM audit").await == Some(2))
+                .then_some(())
             },
         )
         .await;

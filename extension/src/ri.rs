@@ -5,8 +5,8 @@
 //! it here would be wrong twice over: this node's copy lacks the transaction's uncommitted
 //! changes elsewhere (the parent it inserted a statement ago), and a row lock taken here does
 //! not hold off a writer at the leaseholder. Nor can this node send the query there itself: it
-//! may be the origin's own rows, in a backend that is waiting for this statement. So under READ
-//! COMMITTED the query is not run here but returned to the origin, which runs it right after
+//! may be the origin's own rows, in a backend that is waiting for this statement. So the query
+//! is not run here but returned to the origin, which runs it right after
 //! the statement in the same transaction, with ordinary routing: at the leaseholders, in the
 //! transaction's sessions there, where it sees the transaction's changes and takes its locks.
 //! Meanwhile the trigger here gets the answer that lets it go on (the referenced row found, no
@@ -123,6 +123,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
         for relid in partitions {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
+        cascade_targets(estate);
         let estate = &*estate;
         for list in [
             estate.es_opened_result_relations,
@@ -151,6 +152,86 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                 }
             }
         }
+    }
+}
+
+/// Makes the result relations a cascade run here fires triggers on, so that they are patched
+/// with the others: a cascade's UPDATE or DELETE (run through SPI without firing triggers)
+/// queues its rows' events for this statement, whose ExecutorFinish fires them on result
+/// relations it makes as it meets them, after [`shim_triggers`] ran. Unpatched, the
+/// referencing table's own foreign keys (a second cascade, to a table leased elsewhere) ran
+/// their queries against this node's copy. Follows cascades to any depth: the referencing
+/// tables of each action trigger (`tgconstrrelid`), their leaf partitions (locked as the
+/// cascade's query would lock them), and theirs.
+///
+/// # Safety
+/// `estate` is a started query's, in its ExecutorFinish.
+#[allow(unsafe_code)]
+unsafe fn cascade_targets(estate: *mut pg_sys::EState) {
+    // SAFETY: as this function's contract; relations are locked before they are opened, and
+    // the result relations made are the estate's (closed with it), as PostgreSQL's own.
+    unsafe {
+        let mut queue = Vec::new();
+        for list in [
+            (*estate).es_opened_result_relations,
+            (*estate).es_tuple_routing_result_relations,
+            (*estate).es_trig_target_relations,
+        ] {
+            if list.is_null() {
+                continue;
+            }
+            for i in 0..(*list).length {
+                queue.push(pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo);
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        while let Some(rri) = queue.pop() {
+            if rri.is_null() || (*rri).ri_TrigDesc.is_null() {
+                continue;
+            }
+            let td = &*(*rri).ri_TrigDesc;
+            for t in 0..td.numtriggers.max(0) as usize {
+                let trigger = &*td.triggers.add(t);
+                let cascades = matches!(ri_function(trigger.tgfoid), Some((RiKind::Action, _)));
+                if !cascades || !seen.insert(trigger.tgconstrrelid) {
+                    continue;
+                }
+                for leaf in leaves(trigger.tgconstrrelid) {
+                    if seen.insert(leaf) || leaf == trigger.tgconstrrelid {
+                        queue.push(pg_sys::ExecGetTriggerResultRel(
+                            estate,
+                            leaf,
+                            std::ptr::null_mut(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `relid` if it holds rows itself, else its partitions' leaves; each locked as a write to
+/// it would lock it.
+#[allow(unsafe_code)]
+fn leaves(relid: pg_sys::Oid) -> Vec<pg_sys::Oid> {
+    // SAFETY: the relation is locked before it is opened, and closed again keeping the lock;
+    // its partition descriptor is read while it is open.
+    unsafe {
+        pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as i32);
+        if pg_sys::get_rel_relkind(relid) as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
+            return vec![relid];
+        }
+        let rel = pg_sys::relation_open(relid, pg_sys::NoLock as i32);
+        let pd = pg_sys::RelationGetPartitionDesc(rel, true);
+        let parts: Vec<pg_sys::Oid> = if pd.is_null() {
+            Vec::new()
+        } else {
+            (0..(*pd).nparts.max(0) as usize)
+                .map(|i| *(*pd).oids.add(i))
+                .collect()
+        };
+        pg_sys::relation_close(rel, pg_sys::NoLock as i32);
+        parts.into_iter().flat_map(leaves).collect()
     }
 }
 
@@ -255,6 +336,7 @@ pub fn defer(
             params: statement.params.clone(),
             role,
             check,
+            crosscheck: statement.crosscheck,
         })
     });
     rows
@@ -457,7 +539,7 @@ fn run_as(d: &DeferredStatement) -> u64 {
         AsUser(uid, cx)
     };
     let (types, vals): (Vec<String>, Vec<Option<String>>) = d.params.iter().cloned().unzip();
-    crate::routing::spi_run(&d.sql, &types, &vals)
+    crate::routing::spi_run(&d.sql, &types, &vals, d.crosscheck)
 }
 
 /// A statement failed (its subtransaction aborted): what it deferred goes with it.

@@ -207,7 +207,9 @@ pub fn database() -> String {
 thread_local! {
     /// Statements that run here over several leaseholders' ranges and lock rows of ranges
     /// leased elsewhere: checked once PostgreSQL has started them ([`refuse_locks_on_copies`]).
-    static LOCK_CHECKS: RefCell<HashMap<usize, Vec<mr_wire::local::LockedElsewhere>>> =
+    /// With each, whether the rows an UPDATE or DELETE changes count as locked (a statement
+    /// inside a served one).
+    static LOCK_CHECKS: RefCell<HashMap<usize, (Vec<mr_wire::local::LockedElsewhere>, bool)>> =
         RefCell::new(HashMap::new());
 }
 
@@ -224,7 +226,7 @@ thread_local! {
 #[allow(unsafe_code)]
 pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     let key = qd as *const pg_sys::QueryDesc as usize;
-    let Some(elsewhere) = LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key)) else {
+    let Some((elsewhere, changes)) = LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key)) else {
         return;
     };
     if qd.planstate.is_null() {
@@ -280,7 +282,7 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     // statement likewise.
     let marks = unsafe {
         collect(qd.planstate, &mut scans);
-        replication::locking_marks(&*qd.plannedstmt)
+        replication::locking_rtis(qd, changes)
     };
     for (relid, _) in scans.into_iter().filter(|(_, rti)| marks.contains(rti)) {
         // SAFETY: the executor holds the scanned relations open and locked.
@@ -301,6 +303,9 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
             ))
             .raise();
         };
+        if changes {
+            nested_change_refused(holder);
+        }
         let message = format!(
             "the statement locks rows of range {} (leaseholder: node {holder}) and touches ranges leased on different nodes: run here, its locks would be taken on this node's copy",
             l.range_id
@@ -329,10 +334,14 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
 #[allow(unsafe_code)]
 unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
     // SAFETY: as this function's contract.
-    let locked = unsafe { replication::locked_ranges(qd) };
+    let locked = unsafe { replication::locked_ranges(qd, true) };
     if locked.is_empty() {
         return;
     }
+    let changes = matches!(
+        qd.operation,
+        pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
+    );
     // SAFETY: as this function's contract.
     let (targets, _) = unsafe { replication::touched_ranges(qd) };
     // As a change (`modifies`): where the rows are leased, without the read barrier a
@@ -347,6 +356,10 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
         Ok(sidecar::Route {
             forward_to: Some(node),
             ..
+        }) if changes => nested_change_refused(node),
+        Ok(sidecar::Route {
+            forward_to: Some(node),
+            ..
         }) => MrError::WriteNotServed {
             message: format!(
                 "a statement inside one that runs for another node's transaction (a trigger's or a function's) locks rows leased on node {node}: its locks would be taken on this node's copy"
@@ -355,11 +368,24 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
         }
         .raise(),
         Ok(r) if !r.locked_elsewhere.is_empty() => {
-            LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
+            LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, (r.locked_elsewhere, changes)));
         }
         Ok(_) => {}
         Err(e) => e.raise(),
     }
+}
+
+/// An UPDATE or DELETE inside a statement served for another node (a trigger's or a
+/// function's) would change rows leased on `node` in this node's copy: it read a copy that
+/// may lag (changing nothing, silently) and could not commit a change there anyway.
+fn nested_change_refused(node: u64) -> ! {
+    MrError::WriteNotServed {
+        message: format!(
+            "a statement inside one that runs for another node's transaction (a trigger's or a function's) changes rows leased on node {node}: it would change this node's copy"
+        ),
+        hint: "Change those rows in a statement of the transaction's own (it runs where they are leased), or keep the tables a trigger writes in the same region as its table.".into(),
+    }
+    .raise()
 }
 
 /// Before a statement starts: decides where it runs. A read that stays here has passed its
@@ -398,7 +424,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         if unsafe { defer_referential(qd, key) } {
             return;
         }
-        // A foreign key's query was placed just above (its REPEATABLE READ gap: §9).
+        // A foreign key's query over rows leased here runs here.
         if !SERVE_TOP.with(|t| t.replace(false)) && crate::ri::current().is_none() {
             // SAFETY: as this function's contract.
             unsafe { check_nested_locks(qd, key) };
@@ -579,7 +605,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         inserted,
         split_reads,
         // SAFETY: as this function's contract.
-        locked: unsafe { replication::locked_ranges(qd) },
+        locked: unsafe { replication::locked_ranges(qd, false) },
     };
     match sidecar::route_with(database(), targets, txn_nodes, how) {
         Ok(r) if r.gather => {
@@ -680,7 +706,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, tail }));
                 }
                 if !r.locked_elsewhere.is_empty() {
-                    LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
+                    LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, (r.locked_elsewhere, false)));
                 }
                 // Locks held elsewhere too (a read-only part's FOR UPDATE): a wait here may
                 // be one side of a deadlock no node sees whole.
@@ -730,9 +756,10 @@ unsafe fn names_its_parameters(qd: &pg_sys::QueryDesc) -> bool {
 }
 
 /// While serving another node's statement: a foreign key trigger's query over rows leased
-/// elsewhere is left for the origin to run (`crate::ri`), READ COMMITTED only (a REPEATABLE
-/// READ transaction reads where it is pinned). The trigger meanwhile gets the rows that let it
-/// go on, as a forwarded statement's. Whether it was left.
+/// elsewhere is left for the origin to run (`crate::ri`), which routes it to where they are
+/// leased, in the transaction's session there (at every isolation level: this node's copy
+/// may lack the transaction's own rows, and a lock taken on it holds off nobody). The trigger
+/// meanwhile gets the rows that let it go on, as a forwarded statement's. Whether it was left.
 ///
 /// # Safety
 /// `qd` is the QueryDesc PostgreSQL is about to start.
@@ -741,10 +768,6 @@ unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
     let Some(call) = crate::ri::current() else {
         return false;
     };
-    // SAFETY: reads a backend global.
-    if unsafe { pg_sys::XactIsoLevel >= pg_sys::XACT_REPEATABLE_READ as i32 } {
-        return false;
-    }
     // SAFETY: as this function's contract.
     let targets = unsafe { replication::statement_targets(qd) };
     if targets.is_empty() {
@@ -1346,6 +1369,7 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                     read_ranges: Vec::new(),
                     settings: Vec::new(),
                     role: None,
+                    crosscheck: false,
                 };
                 send_step(node, statement, false, true)?;
             }
@@ -1353,7 +1377,7 @@ pub fn apply_key_changes() -> Result<(), MrError> {
                 LOCAL_PART.with(|l| l.set(true));
                 set_local_lock_timeout();
                 let (types, vals): (Vec<String>, Vec<Option<String>>) = params.into_iter().unzip();
-                exec_share(None, &sql, &types, &vals, &[]);
+                exec_share(None, &sql, &types, &vals, &[], false);
             }
         }
     }
@@ -1396,7 +1420,14 @@ unsafe fn run_shares(
                 set_local_lock_timeout();
                 let (types, vals): (Vec<String>, Vec<Option<String>>) =
                     st.params.into_iter().unzip();
-                results[i] = Some(exec_share(None, &st.sql, &types, &vals, &partitions));
+                results[i] = Some(exec_share(
+                    None,
+                    &st.sql,
+                    &types,
+                    &vals,
+                    &partitions,
+                    st.crosscheck,
+                ));
             }
         }
     }
@@ -1616,13 +1647,21 @@ fn write_moved(
                     read_ranges: Vec::new(),
                     settings: Vec::new(),
                     role: Some(current_role()),
+                    crosscheck: false,
                 };
                 send(node, statement, false)?
             }
             None => {
                 LOCAL_PART.with(|l| l.set(true));
                 set_local_lock_timeout();
-                exec_share(None, &sql, &["pg_catalog.json".into()], &[Some(json)], &[])
+                exec_share(
+                    None,
+                    &sql,
+                    &["pg_catalog.json".into()],
+                    &[Some(json)],
+                    &[],
+                    false,
+                )
             }
         };
         if !again.is_empty() {
@@ -1922,6 +1961,7 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
         read_ranges: Vec::new(),
         settings: Vec::new(),
         role: None,
+        crosscheck: false,
     };
     send(node, statement, false)?;
     // A TRUNCATE there, or a schema change's lock: either commits with this transaction,
@@ -2396,6 +2436,9 @@ unsafe fn statement_of(qd: &pg_sys::QueryDesc) -> ForwardStatement {
             read_ranges: Vec::new(),
             settings: Vec::new(),
             role: Some(current_role()),
+            // Set by `ri_PerformCheck` alone, for a query that must see rows committed since
+            // the transaction's snapshot (REPEATABLE READ and SERIALIZABLE).
+            crosscheck: !qd.crosscheck_snapshot.is_null(),
         }
     }
 }
@@ -2688,8 +2731,10 @@ type RemoteExecRow = (
 /// (`crate::global_keys`) and the referential queries it left for the origin (`crate::ri`),
 /// and whether the transaction has changed replicated rows so far. With `partitions`, an UPDATE or DELETE changes
 /// only rows of those partitions of its target (one share of a statement split over several
-/// leaseholders). Only pgmr calls this (EXECUTE is revoked from PUBLIC): the forwarding node
-/// vouches for the role over the authenticated peer link.
+/// leaseholders). With `crosscheck`, it runs with the latest snapshot checked against the
+/// transaction's, as the origin ran it (`ForwardStatement::crosscheck`). Only pgmr calls this
+/// (EXECUTE is revoked from PUBLIC): the forwarding node vouches for the role over the
+/// authenticated peer link.
 #[pg_extern(schema = "multiregion")]
 #[allow(unsafe_code, clippy::type_complexity)]
 fn remote_exec(
@@ -2699,6 +2744,7 @@ fn remote_exec(
     types: Vec<String>,
     vals: Vec<Option<String>>,
     partitions: default!(Vec<String>, "'{}'"),
+    crosscheck: default!(bool, false),
 ) -> TableIterator<
     'static,
     (
@@ -2732,8 +2778,14 @@ fn remote_exec(
         guard
     };
     crate::ri::take_deferred();
-    let (processed, rows, moved) =
-        exec_share(Some(gateway_region), sql, &types, &vals, &partitions);
+    let (processed, rows, moved) = exec_share(
+        Some(gateway_region),
+        sql,
+        &types,
+        &vals,
+        &partitions,
+        crosscheck,
+    );
     drop(guard);
     let keys = crate::global_keys::take();
     let deferred = crate::ri::take_deferred();
@@ -2760,8 +2812,9 @@ fn remote_exec(
 
 /// Runs one SELECT, INSERT, UPDATE, DELETE or TRUNCATE through SPI as a statement served for another
 /// node's transaction (never routed again), with `gateway_region()` answering
-/// `gateway_region` when given, and over `partitions` of its target only when not empty:
-/// rows processed, the rows as text, and rows left for partitions leased elsewhere.
+/// `gateway_region` when given, over `partitions` of its target only when not empty, and
+/// with `crosscheck` as [`spi_execute`] says: rows processed, the rows as text, and rows left
+/// for partitions leased elsewhere.
 #[allow(unsafe_code)]
 fn exec_share(
     gateway_region: Option<&str>,
@@ -2769,6 +2822,7 @@ fn exec_share(
     types: &[String],
     vals: &[Option<String>],
     partitions: &[String],
+    crosscheck: bool,
 ) -> sidecar::ForwardedRows {
     struct Serving {
         prev_region: Option<Option<String>>,
@@ -2850,18 +2904,10 @@ fn exec_share(
         // domain's check included); a TRUNCATE starts none, so its triggers' are all nested.
         SERVE_TOP.with(|t| t.set(tag != pg_sys::NodeTag::T_TruncateStmt));
         pg_sys::SPI_connect();
-        let rc = pg_sys::SPI_execute_with_args(
-            sql_c.as_ptr(),
-            argtypes.len() as i32,
-            argtypes.as_mut_ptr(),
-            values.as_mut_ptr(),
-            nulls.as_ptr(),
-            false,
-            0,
-        );
+        let rc = spi_execute(&sql_c, &mut argtypes, &mut values, &nulls, crosscheck);
         if rc < 0 {
             pg_sys::SPI_finish();
-            MrError::Sidecar(format!("SPI_execute_with_args failed with code {rc}")).raise();
+            MrError::Sidecar(format!("SPI execution failed with code {rc}")).raise();
         }
         processed = pg_sys::SPI_processed;
         let tt = pg_sys::SPI_tuptable;
@@ -2936,10 +2982,58 @@ unsafe fn spi_args(
     }
 }
 
-/// Runs `sql` through SPI with parameters as (type name, text value) in this transaction,
-/// routed as any nested statement is; the rows it processed.
+/// Runs one statement through SPI (connected): with `crosscheck`, as `ri_PerformCheck` runs a
+/// referential query that must see rows committed since the transaction's snapshot — its
+/// own changes made visible, the latest snapshot read, and rows the transaction's snapshot
+/// does not see raising 40001 (under READ COMMITTED, PostgreSQL never asks for it). The
+/// SPI result code.
+///
+/// # Safety
+/// SPI is connected; the arrays hold one entry per parameter and outlive the call.
 #[allow(unsafe_code)]
-pub fn spi_run(sql: &str, types: &[String], vals: &[Option<String>]) -> u64 {
+unsafe fn spi_execute(
+    sql: &CStr,
+    argtypes: &mut [pg_sys::Oid],
+    values: &mut [pg_sys::Datum],
+    nulls: &[std::ffi::c_char],
+    crosscheck: bool,
+) -> i32 {
+    // SAFETY: as this function's contract; the plan is SPI's, freed with its connection.
+    unsafe {
+        if !crosscheck || pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+            return pg_sys::SPI_execute_with_args(
+                sql.as_ptr(),
+                argtypes.len() as i32,
+                argtypes.as_mut_ptr(),
+                values.as_mut_ptr(),
+                nulls.as_ptr(),
+                false,
+                0,
+            );
+        }
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), argtypes.len() as i32, argtypes.as_mut_ptr());
+        if plan.is_null() {
+            return pg_sys::SPI_result;
+        }
+        pg_sys::CommandCounterIncrement();
+        pg_sys::SPI_execute_snapshot(
+            plan,
+            values.as_mut_ptr(),
+            nulls.as_ptr(),
+            pg_sys::GetLatestSnapshot(),
+            pg_sys::GetTransactionSnapshot(),
+            false,
+            true,
+            0,
+        )
+    }
+}
+
+/// Runs `sql` through SPI with parameters as (type name, text value) in this transaction,
+/// routed as any nested statement is (with `crosscheck` as [`spi_execute`] says); the rows it
+/// processed.
+#[allow(unsafe_code)]
+pub fn spi_run(sql: &str, types: &[String], vals: &[Option<String>], crosscheck: bool) -> u64 {
     if types.len() != vals.len() {
         MrError::BadArgument {
             what: "parameter list",
@@ -2954,19 +3048,11 @@ pub fn spi_run(sql: &str, types: &[String], vals: &[Option<String>]) -> u64 {
         let (mut argtypes, mut values, nulls) = spi_args(types, vals);
         let sql_c = CString::new(sql).unwrap_or_default();
         pg_sys::SPI_connect();
-        let rc = pg_sys::SPI_execute_with_args(
-            sql_c.as_ptr(),
-            argtypes.len() as i32,
-            argtypes.as_mut_ptr(),
-            values.as_mut_ptr(),
-            nulls.as_ptr(),
-            false,
-            0,
-        );
+        let rc = spi_execute(&sql_c, &mut argtypes, &mut values, &nulls, crosscheck);
         let processed = pg_sys::SPI_processed;
         pg_sys::SPI_finish();
         if rc < 0 {
-            MrError::Sidecar(format!("SPI_execute_with_args failed with code {rc}")).raise();
+            MrError::Sidecar(format!("SPI execution failed with code {rc}")).raise();
         }
         processed
     }
@@ -3050,7 +3136,7 @@ fn key_in_local_partition(table: pg_sys::Oid, region: &str, key: pgrx::JsonB) ->
 
 extension_sql!(
     r#"
-REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION multiregion.remote_exec(text, text, text, text[], text[], text[], bool) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION multiregion.count_local(text, jsonb) FROM PUBLIC;
 "#,
     name = "routing",

@@ -770,17 +770,21 @@ async fn run_steps(
             }
         }
         let (types, values): (Vec<String>, Vec<Option<String>>) = st.params.iter().cloned().unzip();
-        let result = sqlx::query(
-            "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(st.role.clone().unwrap_or_else(|| remote.role.clone()))
-        .bind(remote.gateway_region.clone())
-        .bind(st.sql.clone())
-        .bind(types)
-        .bind(values)
-        .bind(st.partitions.clone())
-        .fetch_all(&mut *conn)
-        .await;
+        // `crosscheck` only where asked: older versions of the extension lack it.
+        let sql = if st.crosscheck {
+            "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6, crosscheck => true)"
+        } else {
+            "SELECT processed, \"row\", moved, keys, deferred, wrote FROM multiregion.remote_exec($1, $2, $3, $4, $5, $6)"
+        };
+        let result = sqlx::query(sql)
+            .bind(st.role.clone().unwrap_or_else(|| remote.role.clone()))
+            .bind(remote.gateway_region.clone())
+            .bind(st.sql.clone())
+            .bind(types)
+            .bind(values)
+            .bind(st.partitions.clone())
+            .fetch_all(&mut *conn)
+            .await;
         let rows = match result {
             Ok(rows) => rows,
             Err(e) => return Err(failed(remote, e)),

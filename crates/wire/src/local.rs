@@ -495,6 +495,13 @@ pub struct ForwardStatement {
     /// its owner, the caller's as the caller, in one remote transaction.
     #[serde(default)]
     pub role: Option<String>,
+    /// Run as PostgreSQL runs a referential query that must see rows committed since the
+    /// transaction's snapshot under REPEATABLE READ or SERIALIZABLE (`ri_PerformCheck`'s
+    /// `detectNewRows`): with the latest snapshot, rows the transaction's snapshot does not
+    /// see raising 40001. Without it a removed key's look for referencing rows missed a
+    /// referencing row committed meanwhile, and the key went.
+    #[serde(default)]
+    pub crosscheck: bool,
 }
 
 /// A node that does not say whether its part wrote is taken to have written.
@@ -517,6 +524,10 @@ pub struct DeferredStatement {
     /// A check: the violation to report unless the query finds rows as expected.
     #[serde(default)]
     pub check: Option<DeferredCheck>,
+    /// Run with the latest snapshot, checked against the transaction's
+    /// (`ForwardStatement::crosscheck`).
+    #[serde(default)]
+    pub crosscheck: bool,
 }
 
 /// What a deferred referential check expects, and the error PostgreSQL would raise.
