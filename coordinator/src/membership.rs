@@ -23,12 +23,19 @@ pub const LIVE_WINDOW: Duration = Duration::from_secs(3);
 pub const DEAD_AFTER: Duration = Duration::from_secs(10);
 /// RTT is the median of this many recent samples: robust to one slow scheduling hiccup.
 const SAMPLES: usize = 9;
+/// How far this node's clock may be from the others' before it stops. The two-phase commit's
+/// stale rule and presumed aborts compare times taken on different nodes and tolerate 30 s
+/// (ARCHITECTURE.md §8.5); a node this far off is stopped long before (CockroachDB's
+/// `--max-offset` stops a node at 500 ms, which its HLC needs and ours does not yet).
+pub const MAX_CLOCK_OFFSET_MS: f64 = 5_000.0;
 
 struct Peer {
     desc: NodeDescriptor,
     learned: Instant,
     last_heard: Option<Instant>,
     samples: VecDeque<f64>,
+    /// Recent measurements of the peer's clock minus ours, each with its uncertainty (ms).
+    offsets: VecDeque<(f64, f64)>,
     reported: Vec<MeasuredRtt>,
     reported_at: Option<Instant>,
 }
@@ -40,6 +47,7 @@ impl Peer {
             learned: now,
             last_heard: None,
             samples: VecDeque::new(),
+            offsets: VecDeque::new(),
             reported: Vec::new(),
             reported_at: None,
         }
@@ -59,6 +67,25 @@ impl Peer {
     fn rtt(&self) -> Option<f64> {
         median(self.samples.iter().copied())
     }
+
+    /// The median measured offset of the peer's clock from ours, with the largest
+    /// uncertainty among the samples (ms).
+    fn clock_offset(&self) -> Option<(f64, f64)> {
+        let offset = median(self.offsets.iter().map(|(o, _)| *o))?;
+        let uncertainty = self.offsets.iter().map(|(_, u)| *u).fold(0.0, f64::max);
+        Some((offset, uncertainty))
+    }
+}
+
+/// Whether this node's clock is too far from the cluster's: more than `max_ms` (beyond each
+/// measurement's uncertainty) from so many peers that fewer than half of all the measured
+/// clocks, this node's own included, agree with it. In a cluster of two neither can tell
+/// which clock is wrong, and neither stops; with one node off in three or more, only that
+/// node stops. `offsets`: each live peer's (offset, uncertainty), in ms.
+pub fn clock_out_of_bounds(offsets: &[(f64, f64)], max_ms: f64) -> bool {
+    let off = offsets.iter().filter(|(o, u)| o.abs() - u > max_ms).count();
+    let agreeing = offsets.len() - off + 1;
+    agreeing * 2 < offsets.len() + 1
 }
 
 fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
@@ -122,6 +149,7 @@ impl Membership {
             from: s.me.clone(),
             members,
             rtts,
+            now_ms: Some(crate::node::now_ms()),
         }
     }
 
@@ -170,6 +198,28 @@ impl Membership {
                 p.samples.pop_front();
             }
         }
+    }
+
+    /// A measurement of `node_id`'s clock minus ours, within `uncertainty_ms`.
+    pub fn record_offset(&self, node_id: u64, offset_ms: f64, uncertainty_ms: f64) {
+        let mut s = self.lock();
+        if let Some(p) = s.peers.get_mut(&node_id) {
+            p.offsets.push_back((offset_ms, uncertainty_ms));
+            while p.offsets.len() > SAMPLES {
+                p.offsets.pop_front();
+            }
+        }
+    }
+
+    /// Each live peer's measured clock offset from ours and its uncertainty (ms).
+    pub fn clock_offsets(&self) -> Vec<(u64, f64, f64)> {
+        let s = self.lock();
+        let now = Instant::now();
+        s.peers
+            .values()
+            .filter(|p| p.live(now))
+            .filter_map(|p| p.clock_offset().map(|(o, u)| (p.desc.node_id, o, u)))
+            .collect()
     }
 
     /// (node id, address) of every known peer. Dead peers are probed too: they must be able
@@ -286,6 +336,36 @@ impl Membership {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_clock_off_from_most_of_the_cluster_is_out_of_bounds() {
+        let max = MAX_CLOCK_OFFSET_MS;
+        // Alone, or with one peer: nothing tells which clock is wrong.
+        assert!(!clock_out_of_bounds(&[], max));
+        assert!(!clock_out_of_bounds(&[(40_000.0, 1.0)], max));
+        // Three nodes: this one 40 s behind both others stops; a peer 40 s ahead does not
+        // stop this one.
+        assert!(clock_out_of_bounds(
+            &[(40_000.0, 1.0), (40_000.0, 1.0)],
+            max
+        ));
+        assert!(!clock_out_of_bounds(&[(40_000.0, 1.0), (3.0, 1.0)], max));
+        // Within the measurement's uncertainty (half a round trip) is not off.
+        assert!(!clock_out_of_bounds(
+            &[(6_000.0, 2_000.0), (-6_000.0, 2_000.0)],
+            max
+        ));
+        // Five nodes: off from three of four stops, from two of four does not.
+        let three = [
+            (-9_000.0, 1.0),
+            (-9_000.0, 1.0),
+            (-9_000.0, 1.0),
+            (0.0, 1.0),
+        ];
+        assert!(clock_out_of_bounds(&three, max));
+        let two = [(-9_000.0, 1.0), (-9_000.0, 1.0), (0.0, 1.0), (0.0, 1.0)];
+        assert!(!clock_out_of_bounds(&two, max));
+    }
 
     fn desc(id: u64, region: &str) -> NodeDescriptor {
         NodeDescriptor {

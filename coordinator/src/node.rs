@@ -195,14 +195,21 @@ pub async fn run(args: StartArgs) -> Result<()> {
         run_as.map(|(u, _)| u),
     ));
     tokio::spawn(heartbeats(node.clone(), args.join.clone(), stop.clone()));
-    let decommissioned = Arc::new(Mutex::new(None::<String>));
+    // Why the node stopped itself, reported as pgmr's exit error.
+    let fatal_reason = Arc::new(Mutex::new(None::<String>));
     tokio::spawn(liveness(
         node.clone(),
         advertise.clone(),
         sql_addr,
         stop.clone(),
         fatal.clone(),
-        decommissioned.clone(),
+        fatal_reason.clone(),
+    ));
+    tokio::spawn(clock_guard(
+        node.clone(),
+        stop.clone(),
+        fatal.clone(),
+        fatal_reason.clone(),
     ));
 
     let ranges = crate::range::Ranges::open(
@@ -253,7 +260,7 @@ pub async fn run(args: StartArgs) -> Result<()> {
     let _ = supervisor.await;
     let _ = meta.raft.shutdown().await;
     let _ = std::fs::remove_file(data.socket());
-    if let Some(reason) = decommissioned.lock().expect("decommission lock").take() {
+    if let Some(reason) = fatal_reason.lock().expect("fatal reason lock").take() {
         bail!(reason);
     }
     Ok(())
@@ -334,10 +341,21 @@ fn range_rows(s: &mr_meta::MetaState) -> Vec<mr_wire::local::RangeRow> {
         .collect()
 }
 
+/// This node's wall clock (Unix ms): every time pgmr stamps or compares comes from here.
+/// `PGMR_CLOCK_SKEW_MS` (a testing knob, read once) shifts it, to try a node whose clock is
+/// off.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    static SKEW_MS: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let skew = *SKEW_MS.get_or_init(|| {
+        std::env::var("PGMR_CLOCK_SKEW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_millis() as u64);
+    now.saturating_add_signed(skew)
 }
 
 /// Asks the --join addresses to admit this node, following redirects to the meta group's
@@ -412,7 +430,7 @@ async fn liveness(
     sql_addr: String,
     stop: CancellationToken,
     fatal: CancellationToken,
-    decommissioned: Arc<Mutex<Option<String>>>,
+    fatal_reason: Arc<Mutex<Option<String>>>,
 ) {
     let meta = node.meta().clone();
     let me = node.id();
@@ -455,7 +473,7 @@ async fn liveness(
                 let reason =
                     format!("node {me} was decommissioned; its data dir can no longer be used");
                 tracing::error!("{reason}");
-                *decommissioned.lock().expect("decommission lock") = Some(reason);
+                *fatal_reason.lock().expect("fatal reason lock") = Some(reason);
                 fatal.cancel();
                 return;
             }
@@ -464,6 +482,57 @@ async fn liveness(
             }
             Ok(_) => {}
             Err(e) => tracing::debug!("liveness heartbeat: {e}"),
+        }
+    }
+}
+
+/// Stops the node when its clock has been too far from most of the cluster's for 10 s
+/// running (`membership::clock_out_of_bounds`): the commit protocol compares times taken
+/// on different nodes (ARCHITECTURE.md §8.5, "Clocks"), and a node whose clock is far off
+/// would, leading a range, abort every commit proposed to it from elsewhere. Like
+/// CockroachDB, the node with the wrong clock stops rather than serve; the others go on.
+async fn clock_guard(
+    node: Arc<Node>,
+    stop: CancellationToken,
+    fatal: CancellationToken,
+    fatal_reason: Arc<Mutex<Option<String>>>,
+) {
+    const CHECK_EVERY: Duration = Duration::from_secs(1);
+    const STRIKES: u32 = 10;
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut strikes = 0;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let offsets = node.membership.clock_offsets();
+        let pairs: Vec<(f64, f64)> = offsets.iter().map(|(_, o, u)| (*o, *u)).collect();
+        if !crate::membership::clock_out_of_bounds(&pairs, crate::membership::MAX_CLOCK_OFFSET_MS) {
+            strikes = 0;
+            continue;
+        }
+        strikes += 1;
+        let seen = offsets
+            .iter()
+            .map(|(n, o, _)| format!("{:+.0} ms from node {n}'s", -o))
+            .collect::<Vec<_>>()
+            .join(", ");
+        tracing::warn!(
+            strikes,
+            "this node's clock is far from the other nodes' ({seen})"
+        );
+        if strikes >= STRIKES {
+            let reason = format!(
+                "node {}'s clock is more than {} ms from most other nodes' ({seen}); fix its time synchronization (chrony, NTP) and start it again",
+                node.id(),
+                crate::membership::MAX_CLOCK_OFFSET_MS
+            );
+            tracing::error!("{reason}");
+            *fatal_reason.lock().expect("fatal reason lock") = Some(reason);
+            fatal.cancel();
+            return;
         }
     }
 }
@@ -501,13 +570,22 @@ async fn heartbeats(node: Arc<Node>, seeds: Vec<String>, stop: CancellationToken
             }
             let (node, in_flight) = (node.clone(), in_flight.clone());
             tokio::spawn(async move {
-                let sent = Instant::now();
+                let (sent, sent_ms) = (Instant::now(), now_ms());
                 let req = PeerRequest::Heartbeat(node.membership.gossip());
                 match node.transport.call(&addr, req, HEARTBEAT_TIMEOUT).await {
                     Ok(PeerResponse::HeartbeatAck(ack)) => {
                         let rtt = sent.elapsed();
                         node.membership.heard_from(&ack);
                         node.membership.record_rtt(ack.from.node_id, rtt);
+                        // The peer read its clock somewhere within the round trip: taken at
+                        // its middle, off by half of it at most (and a millisecond of
+                        // rounding on each side).
+                        if let Some(theirs) = ack.now_ms {
+                            let half = rtt.as_secs_f64() * 500.0;
+                            let offset = theirs as f64 - (sent_ms as f64 + half);
+                            node.membership
+                                .record_offset(ack.from.node_id, offset, half + 2.0);
+                        }
                     }
                     Ok(other) => tracing::debug!(%addr, "unexpected heartbeat answer {other:?}"),
                     Err(e) => tracing::debug!("heartbeat: {e}"),
@@ -643,6 +721,15 @@ impl Node {
             .into_iter()
             .filter(|r| r.from_node == me)
             .filter_map(|r| Some((r.to_node, r.to_region, r.rtt_ms?)))
+            .collect()
+    }
+
+    /// Each live peer's clock minus this node's, as measured by heartbeats (ms).
+    pub fn peer_clock_offsets(&self) -> Vec<(u64, f64)> {
+        self.membership
+            .clock_offsets()
+            .into_iter()
+            .map(|(n, o, _)| (n, o))
             .collect()
     }
 

@@ -653,3 +653,70 @@ async fn log_lines_are_json_objects_on_request() {
     assert!(up, "the start-up line is a JSON object:\n{log}");
     assert!(!log.contains(" INFO pgmr"), "no text-format line:\n{log}");
 }
+
+/// A node whose clock is 40 s off from the others' stops itself, with its reason, and the
+/// others go on: the commit protocol compares times taken on different nodes and tolerates
+/// 30 s (ARCHITECTURE.md §8.5, "Clocks"). Node 3 restarts with its clock shifted
+/// (`PGMR_CLOCK_SKEW_MS`); nodes 1 and 2 each see one peer off out of two, which does not
+/// tell them their own clock is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_is_far_from_the_others_stops_and_the_others_go_on() {
+    let dir = scratch("clock");
+    let matrix = "intra 2\nred green 20\nred blue 20\ngreen blue 20\n";
+    let localities = [
+        "region=red,zone=red-a",
+        "region=green,zone=green-a",
+        "region=blue,zone=blue-a",
+    ];
+    let mut cluster = start_cluster(dir.path(), 85, matrix, &localities).await;
+    let mut c = cluster[0].sql().await;
+    sqlx::raw_sql("CREATE TABLE after_the_stop (v int)")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    assert!(cluster[2].stop().success());
+    cluster[2].restart_with_env(&[("PGMR_CLOCK_SKEW_MS", "40000")]);
+    let status = eventually("node 3 to stop itself", Duration::from_secs(120), || {
+        let exited = cluster[2].child.try_wait().unwrap();
+        async move { exited }
+    })
+    .await;
+    assert!(!status.success(), "node 3 exits with an error");
+    let log = cluster[2].log();
+    assert!(
+        log.contains("node 3's clock is more than 5000 ms from most other nodes'"),
+        "node 3's log gives the reason:\n{log}"
+    );
+    for n in &mut cluster[..2] {
+        assert!(
+            n.child.try_wait().unwrap().is_none(),
+            "nodes with agreeing clocks keep running"
+        );
+    }
+    // Its ranges' other voters carry on without it.
+    eventually("a write through node 1", Duration::from_secs(30), || {
+        let port = cluster[0].pg_port;
+        async move {
+            let mut c = try_connect(port).await?;
+            sqlx::query("INSERT INTO after_the_stop VALUES (1)")
+                .execute(&mut c)
+                .await
+                .ok()
+        }
+    })
+    .await;
+    let port = cluster[1].pg_port;
+    eventually(
+        "the row on node 2",
+        Duration::from_secs(30),
+        || async move {
+            let mut c = try_connect(port).await?;
+            let n: i64 = sqlx::query_scalar("SELECT count(*) FROM after_the_stop")
+                .fetch_one(&mut c)
+                .await
+                .ok()?;
+            (n == 1).then_some(())
+        },
+    )
+    .await;
+}

@@ -17,6 +17,11 @@ struct Peer {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerId {
+    peer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Group {
     group: String,
 }
@@ -98,6 +103,23 @@ pub async fn render(node: &Node) -> String {
                     Peer {
                         peer: peer.to_string(),
                         region,
+                    },
+                    ms / 1000.0,
+                )
+            })
+            .collect(),
+    );
+    family(
+        &mut r,
+        "peer_clock_offset_seconds",
+        "Each peer's clock minus this node's, measured by heartbeats (median; within half a \
+         round trip). A node off by more than 5 s from most others stops",
+        node.peer_clock_offsets()
+            .into_iter()
+            .map(|(peer, ms)| {
+                (
+                    PeerId {
+                        peer: peer.to_string(),
                     },
                     ms / 1000.0,
                 )

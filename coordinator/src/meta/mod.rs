@@ -69,6 +69,17 @@ pub struct Meta {
     unsealed: Mutex<BTreeMap<u64, Instant>>,
 }
 
+/// `p` as the leader appends it: a liveness heartbeat carries the leader's clock, not its
+/// sender's, so that a node whose clock runs ahead cannot record beats in the future and
+/// look alive after it stops (every node judges liveness against the same clock, within the
+/// bound `membership::clock_out_of_bounds` keeps).
+fn stamped(mut p: Proposal) -> Proposal {
+    if let Command::Heartbeat { at_ms, .. } = &mut p.command {
+        *at_ms = crate::node::now_ms();
+    }
+    p
+}
+
 impl Meta {
     /// Opens the store in `dir` and starts this node's Raft member.
     pub async fn start(dir: &Path, me: u64, transport: Transport) -> Result<Arc<Meta>> {
@@ -130,6 +141,7 @@ impl Meta {
     }
 
     /// Proposes `command` and waits until it is committed and applied, or `timeout` passes.
+    /// A liveness heartbeat's time is the leader's ([`stamped`]).
     pub async fn propose(
         &self,
         command: Command,
@@ -185,7 +197,9 @@ impl Meta {
                 Some((id, _)) if id == self.me => {
                     maybe_sent = true;
                     let attempt = remaining.min(ATTEMPT_TIMEOUT);
-                    match tokio::time::timeout(attempt, self.raft.client_write(p.clone())).await {
+                    match tokio::time::timeout(attempt, self.raft.client_write(stamped(p.clone())))
+                        .await
+                    {
                         Ok(Ok(resp)) => return Ok(resp.data),
                         Ok(Err(e)) => last = e.to_string(),
                         Err(_) => last = "timed out waiting for commit".into(),
@@ -238,7 +252,7 @@ impl Meta {
                 }
             }
         };
-        match self.raft.client_write(p).await {
+        match self.raft.client_write(stamped(p)).await {
             Ok(resp) => PeerResponse::Proposed {
                 outcome: serde_json::to_value(resp.data).expect("outcomes serialize"),
             },

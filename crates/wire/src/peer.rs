@@ -309,6 +309,10 @@ pub struct Gossip {
     pub from: NodeDescriptor,
     pub members: Vec<NodeDescriptor>,
     pub rtts: Vec<MeasuredRtt>,
+    /// The sender's wall clock (Unix ms) when it wrote this: a heartbeat's ack gives the
+    /// prober its offset from the peer's clock, within half the round trip.
+    #[serde(default)]
+    pub now_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
