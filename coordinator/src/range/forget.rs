@@ -126,14 +126,12 @@ impl Ranges {
         p: &PrepareAs,
         database: &str,
         commit: bool,
-        mut parts: Vec<u64>,
+        parts: Vec<u64>,
         nodes: Vec<PreparedNode>,
         keep_anchor: bool,
         not_before: Instant,
     ) {
-        parts.sort_unstable();
-        parts.dedup();
-        parts.retain(|&r| r != p.anchor);
+        let parts = super::twophase::part_ranges(parts, p.anchor);
         self.forgetting
             .work
             .lock()

@@ -646,12 +646,9 @@ impl Ranges {
         };
         // What the decision leaves to forget, proposed with it (the anchor's leader drives
         // the forget on it if this node does not).
-        let mut plan_parts: Vec<u64> = parts.iter().copied().filter(|&r| r != anchor).collect();
-        plan_parts.sort_unstable();
-        plan_parts.dedup();
         let plan = ForgetPlan {
             database: database.clone(),
-            parts: plan_parts,
+            parts: part_ranges(parts.iter().copied(), anchor),
             nodes: prepared.iter().map(|n| (n.node, n.wrote)).collect(),
             keep_anchor: parts_unknown,
             since_ms: 0,
@@ -980,18 +977,20 @@ impl Ranges {
     }
 }
 
+/// A transaction's part ranges, as plans and forgets list them: its ranges but the anchor,
+/// sorted, each once.
+pub(super) fn part_ranges(ranges: impl IntoIterator<Item = u64>, anchor: u64) -> Vec<u64> {
+    let mut parts: Vec<u64> = ranges.into_iter().filter(|&r| r != anchor).collect();
+    parts.sort_unstable();
+    parts.dedup();
+    parts
+}
+
 /// The plan of a transaction whose every range is led here: part ranges only, no prepared
 /// node (its coordinator's backend commits its own).
 fn local_plan(p: &PrepareAs, proposed: &[u64], commit_by_ms: u64) -> ForgetPlan {
-    let mut parts: Vec<u64> = proposed
-        .iter()
-        .copied()
-        .filter(|&r| r != p.anchor)
-        .collect();
-    parts.sort_unstable();
-    parts.dedup();
     ForgetPlan {
-        parts,
+        parts: part_ranges(proposed.iter().copied(), p.anchor),
         commit_by_ms,
         ..ForgetPlan::default()
     }
