@@ -113,7 +113,7 @@ pub async fn render(node: &Node) -> String {
         &mut r,
         "peer_clock_offset_seconds",
         "Each peer's clock minus this node's, measured by heartbeats (median; within half a \
-         round trip). A node off by more than 5 s from most others stops",
+         round trip). A node off by more than 1 s from most others stops",
         node.peer_clock_offsets()
             .into_iter()
             .map(|(peer, ms)| {

@@ -71,8 +71,8 @@ pub struct Meta {
 
 /// `p` as the leader appends it: a liveness heartbeat carries the leader's clock, not its
 /// sender's, so that a node whose clock runs ahead cannot record beats in the future and
-/// look alive after it stops (every node judges liveness against the same clock, within the
-/// bound `membership::clock_out_of_bounds` keeps).
+/// look alive after it stops. Readers compare it with their own clocks, which
+/// `membership::clock_out_of_bounds` keeps within a second of most others'.
 fn stamped(mut p: Proposal) -> Proposal {
     if let Command::Heartbeat { at_ms, .. } = &mut p.command {
         *at_ms = crate::node::now_ms();

@@ -13,7 +13,8 @@ pub struct ClientId {
     pub incarnation: u64,
 }
 
-/// One change to propose. Times are the proposer's wall clock (Unix ms).
+/// One change to propose. Times are the proposer's wall clock (Unix ms), but a heartbeat's,
+/// which is the meta leader's when it appends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
@@ -624,7 +625,11 @@ impl MetaState {
                 at_ms,
             } => {
                 let n = self.live_node(*node_id)?;
-                n.last_heartbeat_ms = n.last_heartbeat_ms.max(*at_ms);
+                // The meta leader's time when it appended the beat (pgmr stamps it there), so
+                // the latest beat is the latest time: a leader whose clock ran ahead is
+                // overwritten by the next one's, not kept as a maximum for as long as it ran
+                // ahead.
+                n.last_heartbeat_ms = *at_ms;
                 n.rpc_addr.clone_from(rpc_addr);
                 n.sql_addr.clone_from(sql_addr);
                 Ok(Outcome::Done)
