@@ -4537,7 +4537,8 @@ async fn count_in_db(node: &Node, db: &str, sql: &str) -> Option<i64> {
 /// copy, holding off no writer at the leaseholder. The same holds under REPEATABLE READ, where
 /// a removed key's queries also see rows committed since the transaction's snapshot (as
 /// PostgreSQL's do); a cascade two levels deep reaches a third node; and a user trigger of a
-/// served statement that would change rows leased elsewhere is refused before it runs.
+/// served statement that would change rows leased elsewhere is refused, before it runs when
+/// they all are, else at commit if it changed one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes() {
     let dir = scratch("data-fk");
@@ -4747,6 +4748,47 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
         "{err}"
     );
     exec(&mut m, "DROP TRIGGER forget_audit ON parent").await;
+    // One whose UPDATE scans partitions leased here and elsewhere (no region in its filter)
+    // runs, past a read barrier: a row leased here changes, a row leased elsewhere fails the
+    // transaction at commit (this node not its leaseholder), nothing half-applied.
+    exec_once_settled(
+        &mut east,
+        "INSERT INTO accounts (crdb_region, id, balance) \
+         VALUES ('us-west1', 1, 100), ('europe-west1', 3, 100)",
+    )
+    .await;
+    execute_all(
+        &mut m,
+        &[
+            "CREATE FUNCTION pay() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN UPDATE accounts SET balance = balance + 1 WHERE id = NEW.id; RETURN NEW; END $$",
+            "CREATE TRIGGER pay AFTER UPDATE ON parent FOR EACH ROW EXECUTE FUNCTION pay()",
+        ],
+    )
+    .await;
+    exec(&mut east, "UPDATE parent SET v = 'paid' WHERE id = 1").await;
+    let err = sqlx::query("UPDATE parent SET v = 'paid' WHERE id = 3")
+        .execute(&mut east)
+        .await
+        .expect_err("the trigger changes a row leased on node 3");
+    assert_eq!(code(&err), "0A000", "{err}");
+    exec(&mut m, "DROP TRIGGER pay ON parent").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the local row paid, the other not", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let paid = count_in(n, "SELECT count(*) FROM parent WHERE v = 'paid'").await;
+                let balances = count_in(
+                    n,
+                    "SELECT sum(balance * CASE id WHEN 1 THEN 1000 ELSE 1 END)::bigint FROM accounts",
+                )
+                .await;
+                (paid == Some(1) && balances == Some(101_100)).then_some(())
+            },
+        )
+        .await;
+    }
     for (i, n) in nodes.iter().enumerate() {
         assert_eq!(
             count_in(n, "SELECT count(*) FROM parent WHERE v = 'audited'").await,

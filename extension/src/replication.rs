@@ -630,33 +630,8 @@ pub unsafe fn locking_marks(ps: &pg_sys::PlannedStmt) -> Vec<pg_sys::Index> {
     rtis
 }
 
-/// [`locking_marks`], and with `changes` an UPDATE's or DELETE's result relations too: the
-/// rows it changes, which it locks as it changes them.
-///
-/// # Safety
-/// `qd` holds a planned statement valid for the query's life.
-#[allow(unsafe_code)]
-pub unsafe fn locking_rtis(qd: &pg_sys::QueryDesc, changes: bool) -> Vec<pg_sys::Index> {
-    use pg_sys::CmdType::*;
-    // SAFETY: as this function's contract; `resultRelations` is an integer List.
-    unsafe {
-        let ps = &*qd.plannedstmt;
-        let mut rtis = locking_marks(ps);
-        let results = ps.resultRelations;
-        if changes && matches!(qd.operation, CMD_UPDATE | CMD_DELETE) && !results.is_null() {
-            for i in 0..(*results).length {
-                let rti = pg_sys::list_nth_int(results, i) as pg_sys::Index;
-                if !rtis.contains(&rti) {
-                    rtis.push(rti);
-                }
-            }
-        }
-        rtis
-    }
-}
-
 /// The replicated ranges whose rows the statement locks besides its result relations
-/// ([`locking_marks`]; with `changes`, including them: [`locking_rtis`]): a partition for each locked partition of a REGIONAL BY ROW table, the
+/// ([`locking_marks`]): a partition for each locked partition of a REGIONAL BY ROW table, the
 /// table for another. Run over several leaseholders' copies, these locks would conflict with
 /// nothing where the rows are leased: pgmr answers which are leased elsewhere, and the
 /// started statement is refused if it still scans one (`routing::refuse_locks_on_copies`).
@@ -664,13 +639,13 @@ pub unsafe fn locking_rtis(qd: &pg_sys::QueryDesc, changes: bool) -> Vec<pg_sys:
 /// # Safety
 /// As [`statement_targets`].
 #[allow(unsafe_code)]
-pub unsafe fn locked_ranges(qd: &pg_sys::QueryDesc, changes: bool) -> Vec<RangeTarget> {
+pub unsafe fn locked_ranges(qd: &pg_sys::QueryDesc) -> Vec<RangeTarget> {
     let mut locked = Vec::new();
     // SAFETY: as this function's contract; the range table is a List of RangeTblEntry, valid
     // for the query's life, and a row mark's index is within it (checked all the same).
     unsafe {
         let ps = &*qd.plannedstmt;
-        for rti in locking_rtis(qd, changes) {
+        for rti in locking_marks(ps) {
             if ps.rtable.is_null() || rti < 1 || rti as i32 > (*ps.rtable).length {
                 continue;
             }
@@ -989,6 +964,28 @@ pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
     if known_off() {
         return;
     }
+    // SAFETY: as this function's contract.
+    let targets = unsafe { statement_targets(qd) };
+    if targets.is_empty() {
+        return;
+    }
+    match sidecar::read_barrier(crate::routing::database(), targets, false) {
+        Ok(false) => barrier_off_for_a_while(),
+        // SAFETY: as this function's contract.
+        Ok(true) => unsafe { fresh_snapshot(qd) },
+        Err(e) => e.raise(),
+    }
+}
+
+/// [`read_barrier`] for an UPDATE or DELETE inside a statement served for another node, over
+/// ranges leased here and elsewhere (`routing::check_nested_locks`): its copies of the
+/// others must hold every write acknowledged before it, or it would miss their rows and
+/// change nothing where it should have been refused.
+///
+/// # Safety
+/// `qd` is the QueryDesc PostgreSQL is about to start.
+#[allow(unsafe_code)]
+pub unsafe fn change_barrier(qd: &mut pg_sys::QueryDesc) {
     // SAFETY: as this function's contract.
     let targets = unsafe { statement_targets(qd) };
     if targets.is_empty() {

@@ -123,7 +123,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
         for relid in partitions {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
-        cascade_targets(estate);
+        cascade_targets(qd);
         let estate = &*estate;
         for list in [
             estate.es_opened_result_relations,
@@ -155,22 +155,68 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
     }
 }
 
+/// What a statement, or a referential action, does to rows.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Change {
+    Delete,
+    Update,
+}
+
+/// The change referential action trigger `tgfoid` makes to the referencing rows when the
+/// referenced ones undergo `change`, if it fires for it.
+fn cascade_of(tgfoid: pg_sys::Oid, change: Change) -> Option<Change> {
+    match (tgfoid.to_u32(), change) {
+        (pg_sys::F_RI_FKEY_CASCADE_DEL, Change::Delete) => Some(Change::Delete),
+        (pg_sys::F_RI_FKEY_SETNULL_DEL | pg_sys::F_RI_FKEY_SETDEFAULT_DEL, Change::Delete) => {
+            Some(Change::Update)
+        }
+        (
+            pg_sys::F_RI_FKEY_CASCADE_UPD
+            | pg_sys::F_RI_FKEY_SETNULL_UPD
+            | pg_sys::F_RI_FKEY_SETDEFAULT_UPD,
+            Change::Update,
+        ) => Some(Change::Update),
+        _ => None,
+    }
+}
+
 /// Makes the result relations a cascade run here fires triggers on, so that they are patched
 /// with the others: a cascade's UPDATE or DELETE (run through SPI without firing triggers)
 /// queues its rows' events for this statement, whose ExecutorFinish fires them on result
 /// relations it makes as it meets them, after [`shim_triggers`] ran. Unpatched, the
 /// referencing table's own foreign keys (a second cascade, to a table leased elsewhere) ran
-/// their queries against this node's copy. Follows cascades to any depth: the referencing
-/// tables of each action trigger (`tgconstrrelid`), their leaf partitions (locked as the
-/// cascade's query would lock them), and theirs.
+/// their queries against this node's copy. Follows the actions the statement's change can set
+/// off, to any depth: the referencing tables of each action trigger that fires for it
+/// (`tgconstrrelid`), their leaf partitions (locked as the cascade's query would lock them),
+/// and theirs for the change the action makes. An INSERT sets off none (unless it upserts).
 ///
 /// # Safety
-/// `estate` is a started query's, in its ExecutorFinish.
+/// `qd` is a started query's QueryDesc, in its ExecutorFinish.
 #[allow(unsafe_code)]
-unsafe fn cascade_targets(estate: *mut pg_sys::EState) {
+unsafe fn cascade_targets(qd: *mut pg_sys::QueryDesc) {
+    use pg_sys::CmdType::*;
     // SAFETY: as this function's contract; relations are locked before they are opened, and
     // the result relations made are the estate's (closed with it), as PostgreSQL's own.
     unsafe {
+        let estate = (*qd).estate;
+        let upsert = || {
+            let ps = (*qd).plannedstmt;
+            let mt = if ps.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*ps).planTree as *mut pg_sys::ModifyTable
+            };
+            !mt.is_null()
+                && (*mt).plan.type_ == pg_sys::NodeTag::T_ModifyTable
+                && (*mt).onConflictAction == pg_sys::OnConflictAction::ONCONFLICT_UPDATE
+        };
+        let first: &[Change] = match (*qd).operation {
+            CMD_DELETE => &[Change::Delete],
+            CMD_UPDATE => &[Change::Update],
+            CMD_INSERT if upsert() => &[Change::Update],
+            CMD_MERGE => &[Change::Delete, Change::Update],
+            _ => return,
+        };
         let mut queue = Vec::new();
         for list in [
             (*estate).es_opened_result_relations,
@@ -181,29 +227,27 @@ unsafe fn cascade_targets(estate: *mut pg_sys::EState) {
                 continue;
             }
             for i in 0..(*list).length {
-                queue.push(pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo);
+                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
+                queue.extend(first.iter().map(|&c| (rri, c)));
             }
         }
         let mut seen = std::collections::HashSet::new();
-        while let Some(rri) = queue.pop() {
+        while let Some((rri, change)) = queue.pop() {
             if rri.is_null() || (*rri).ri_TrigDesc.is_null() {
                 continue;
             }
             let td = &*(*rri).ri_TrigDesc;
             for t in 0..td.numtriggers.max(0) as usize {
                 let trigger = &*td.triggers.add(t);
-                let cascades = matches!(ri_function(trigger.tgfoid), Some((RiKind::Action, _)));
-                if !cascades || !seen.insert(trigger.tgconstrrelid) {
+                let Some(next) = cascade_of(trigger.tgfoid, change) else {
+                    continue;
+                };
+                if !seen.insert((trigger.tgconstrrelid, next)) {
                     continue;
                 }
                 for leaf in leaves(trigger.tgconstrrelid) {
-                    if seen.insert(leaf) || leaf == trigger.tgconstrrelid {
-                        queue.push(pg_sys::ExecGetTriggerResultRel(
-                            estate,
-                            leaf,
-                            std::ptr::null_mut(),
-                        ));
-                    }
+                    let rri = pg_sys::ExecGetTriggerResultRel(estate, leaf, std::ptr::null_mut());
+                    queue.push((rri, next));
                 }
             }
         }

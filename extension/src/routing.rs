@@ -207,9 +207,7 @@ pub fn database() -> String {
 thread_local! {
     /// Statements that run here over several leaseholders' ranges and lock rows of ranges
     /// leased elsewhere: checked once PostgreSQL has started them ([`refuse_locks_on_copies`]).
-    /// With each, whether the rows an UPDATE or DELETE changes count as locked (a statement
-    /// inside a served one).
-    static LOCK_CHECKS: RefCell<HashMap<usize, (Vec<mr_wire::local::LockedElsewhere>, bool)>> =
+    static LOCK_CHECKS: RefCell<HashMap<usize, Vec<mr_wire::local::LockedElsewhere>>> =
         RefCell::new(HashMap::new());
 }
 
@@ -226,7 +224,7 @@ thread_local! {
 #[allow(unsafe_code)]
 pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     let key = qd as *const pg_sys::QueryDesc as usize;
-    let Some((elsewhere, changes)) = LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key)) else {
+    let Some(elsewhere) = LOCK_CHECKS.with(|l| l.borrow_mut().remove(&key)) else {
         return;
     };
     if qd.planstate.is_null() {
@@ -282,7 +280,7 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     // statement likewise.
     let marks = unsafe {
         collect(qd.planstate, &mut scans);
-        replication::locking_rtis(qd, changes)
+        replication::locking_marks(&*qd.plannedstmt)
     };
     for (relid, _) in scans.into_iter().filter(|(_, rti)| marks.contains(rti)) {
         // SAFETY: the executor holds the scanned relations open and locked.
@@ -303,9 +301,6 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
             ))
             .raise();
         };
-        if changes {
-            nested_change_refused(holder);
-        }
         let message = format!(
             "the statement locks rows of range {} (leaseholder: node {holder}) and touches ranges leased on different nodes: run here, its locks would be taken on this node's copy",
             l.range_id
@@ -327,23 +322,31 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
 /// routed: it runs here. One that locks rows leased elsewhere would take those locks on this
 /// node's copy, so it is refused: at once if one other node leases everything it touches,
 /// else once started, if its pruned plan still scans such a range
-/// ([`refuse_locks_on_copies`]).
+/// ([`refuse_locks_on_copies`]). An UPDATE or DELETE of rows all leased on another node is
+/// refused at once too; one over ranges leased here and elsewhere runs here, past a read
+/// barrier (it must not miss a row its copy has not applied yet), and a row it changes in a
+/// range leased elsewhere fails the transaction at commit, this node not being the
+/// leaseholder. Whether it needs that barrier.
 ///
 /// # Safety
 /// As [`executor_start`].
 #[allow(unsafe_code)]
-unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
+unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) -> bool {
     // SAFETY: as this function's contract.
-    let locked = unsafe { replication::locked_ranges(qd, true) };
-    if locked.is_empty() {
-        return;
-    }
+    let locked = unsafe { replication::locked_ranges(qd) };
     let changes = matches!(
         qd.operation,
         pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
     );
+    if locked.is_empty() && !changes {
+        return false;
+    }
     // SAFETY: as this function's contract.
     let (targets, _) = unsafe { replication::touched_ranges(qd) };
+    if targets.is_empty() {
+        return false;
+    }
+    let locks = !locked.is_empty();
     // As a change (`modifies`): where the rows are leased, without the read barrier a
     // locking read passes there (a quorum round per row of a row trigger).
     let how = sidecar::RouteHow {
@@ -358,6 +361,10 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
             ..
         }) if changes => nested_change_refused(node),
         Ok(sidecar::Route {
+            forward_to: Some(_),
+            ..
+        }) if !locks => false,
+        Ok(sidecar::Route {
             forward_to: Some(node),
             ..
         }) => MrError::WriteNotServed {
@@ -367,10 +374,12 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) {
             hint: "Lock those rows in a statement of the transaction's own, before the statement whose trigger or function needs them.".into(),
         }
         .raise(),
-        Ok(r) if !r.locked_elsewhere.is_empty() => {
-            LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, (r.locked_elsewhere, changes)));
+        Ok(r) => {
+            if !r.locked_elsewhere.is_empty() {
+                LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
+            }
+            changes && r.enabled && !r.split.is_empty()
         }
-        Ok(_) => {}
         Err(e) => e.raise(),
     }
 }
@@ -425,9 +434,13 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             return;
         }
         // A foreign key's query over rows leased here runs here.
-        if !SERVE_TOP.with(|t| t.replace(false)) && crate::ri::current().is_none() {
+        if !SERVE_TOP.with(|t| t.replace(false))
+            && crate::ri::current().is_none()
             // SAFETY: as this function's contract.
-            unsafe { check_nested_locks(qd, key) };
+            && unsafe { check_nested_locks(qd, key) }
+        {
+            // SAFETY: as this function's contract.
+            unsafe { replication::change_barrier(qd) };
         }
         // SAFETY: as this function's contract.
         unsafe { replication::read_barrier(qd, eflags) };
@@ -605,7 +618,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         inserted,
         split_reads,
         // SAFETY: as this function's contract.
-        locked: unsafe { replication::locked_ranges(qd, false) },
+        locked: unsafe { replication::locked_ranges(qd) },
     };
     match sidecar::route_with(database(), targets, txn_nodes, how) {
         Ok(r) if r.gather => {
@@ -706,7 +719,7 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
                     COLLECT.with(|c| c.borrow_mut().insert(key, Collect { refuse, tail }));
                 }
                 if !r.locked_elsewhere.is_empty() {
-                    LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, (r.locked_elsewhere, false)));
+                    LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
                 }
                 // Locks held elsewhere too (a read-only part's FOR UPDATE): a wait here may
                 // be one side of a deadlock no node sees whole.

@@ -29,7 +29,10 @@ pub mod peer;
 /// 6: `ForgetPlan::commit_by_ms` and presumed entries, which a pgmr of version 5 would ignore:
 /// its replicas would record commit where others record abort, and it would forget a
 /// presumed abort after two minutes.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7: `ForwardStatement::crosscheck` and `DeferredStatement::crosscheck`, which a pgmr of
+/// version 6 would drop: a referential query would run with the transaction's snapshot and a
+/// key be removed under a row committed since. And `Gossip::now_ms` (clock offsets).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.
