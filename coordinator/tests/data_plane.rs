@@ -4528,6 +4528,32 @@ async fn count_in_db(node: &Node, db: &str, sql: &str) -> Option<i64> {
         .ok()
 }
 
+/// A `DELETE` of parent `key` through `node` waits for the lock the open transaction on
+/// `holder` took checking a row that references it, then, once `holder` commits, fails with
+/// 23503: the check locked the parent where it is leased.
+async fn delete_waits_then_fails(node: &Node, holder: &mut PgConnection, key: i32) {
+    let deleting = tokio::spawn({
+        let port = node.pg_port;
+        async move {
+            let mut c = try_connect_db(port, "mr").await;
+            sqlx::query(&format!("DELETE FROM parent WHERE id = {key}"))
+                .execute(&mut c)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !deleting.is_finished(),
+        "the delete of parent {key} waits for the referencing transaction's lock"
+    );
+    exec(holder, "COMMIT").await;
+    let err = deleting
+        .await
+        .unwrap()
+        .expect_err("a committed row references the parent");
+    assert_eq!(code(&err), "23503", "parent {key}: {err}");
+}
+
 /// Foreign keys hold across leaseholders, with the transaction's own changes and row locks.
 /// `parent` is leased in us-west1 (node 2), `child` (ON UPDATE/DELETE CASCADE) and `pinned`
 /// (NO ACTION) in europe-west1 (node 3), and node 1 leases neither. A statement served for
@@ -4597,26 +4623,7 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
     let mut eu = connect(&nodes[2], "mr").await.unwrap();
     exec(&mut east, "INSERT INTO parent VALUES (7, 'locked')").await;
     exec(&mut eu, "BEGIN; INSERT INTO pinned VALUES (70, 7)").await;
-    let deleting = tokio::spawn({
-        let port = nodes[0].pg_port;
-        async move {
-            let mut c = try_connect_db(port, "mr").await;
-            sqlx::query("DELETE FROM parent WHERE id = 7")
-                .execute(&mut c)
-                .await
-        }
-    });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        !deleting.is_finished(),
-        "the delete waits for the referencing transaction's lock"
-    );
-    exec(&mut eu, "COMMIT").await;
-    let err = deleting
-        .await
-        .unwrap()
-        .expect_err("pinned 70 references parent 7");
-    assert_eq!(code(&err), "23503", "{err}");
+    delete_waits_then_fails(&nodes[0], &mut eu, 7).await;
 
     // The same under REPEATABLE READ, whose served statements' checks used to read the
     // serving node's copy: the parent this transaction inserted on node 2 was missing on
@@ -4645,26 +4652,7 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
         "BEGIN ISOLATION LEVEL REPEATABLE READ; INSERT INTO pinned VALUES (80, 8)",
     )
     .await;
-    let deleting = tokio::spawn({
-        let port = nodes[1].pg_port;
-        async move {
-            let mut c = try_connect_db(port, "mr").await;
-            sqlx::query("DELETE FROM parent WHERE id = 8")
-                .execute(&mut c)
-                .await
-        }
-    });
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        !deleting.is_finished(),
-        "the delete at the parent's leaseholder waits for the REPEATABLE READ check's lock"
-    );
-    exec(&mut east_rr, "COMMIT").await;
-    let err = deleting
-        .await
-        .unwrap()
-        .expect_err("pinned 80 references parent 8");
-    assert_eq!(code(&err), "23503", "{err}");
+    delete_waits_then_fails(&nodes[1], &mut east_rr, 8).await;
 
     // A key removed under REPEATABLE READ while a row referencing it was committed after the
     // transaction's snapshot there: the referential queries read the latest snapshot, as
