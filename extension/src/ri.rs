@@ -102,56 +102,61 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
         // AFTER triggers fire through ExecGetTriggerResultRel(…, NULL): a partition's own
         // result relation, made with its table's as root, is not the one they find, but one
         // made for them on first use. Made now, it is patched with the others.
-        let mut partitions = Vec::new();
-        for list in [
-            (*estate).es_opened_result_relations,
-            (*estate).es_tuple_routing_result_relations,
-        ] {
-            if list.is_null() {
-                continue;
-            }
-            for i in 0..(*list).length {
-                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
-                if !rri.is_null()
-                    && !(*rri).ri_RootResultRelInfo.is_null()
-                    && !(*rri).ri_TrigDesc.is_null()
-                {
-                    partitions.push((*(*rri).ri_RelationDesc).rd_id);
-                }
-            }
-        }
+        let partitions: Vec<pg_sys::Oid> = result_relations(estate, false)
+            .into_iter()
+            .filter(|&rri| !(*rri).ri_RootResultRelInfo.is_null() && !(*rri).ri_TrigDesc.is_null())
+            .map(|rri| (*(*rri).ri_RelationDesc).rd_id)
+            .collect();
         for relid in partitions {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
         cascade_targets(qd);
-        let estate = &*estate;
-        for list in [
-            estate.es_opened_result_relations,
-            estate.es_tuple_routing_result_relations,
-            estate.es_trig_target_relations,
-        ] {
-            if list.is_null() {
+        for rri in result_relations(estate, true) {
+            if (*rri).ri_TrigDesc.is_null() || (*rri).ri_TrigFunctions.is_null() {
                 continue;
             }
-            for i in 0..(*list).length {
-                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
-                if rri.is_null()
-                    || (*rri).ri_TrigDesc.is_null()
-                    || (*rri).ri_TrigFunctions.is_null()
-                {
-                    continue;
-                }
-                let td = &*(*rri).ri_TrigDesc;
-                for t in 0..td.numtriggers.max(0) as usize {
-                    let trigger = &*td.triggers.add(t);
-                    let finfo = (*rri).ri_TrigFunctions.add(t);
-                    if ri_function(trigger.tgfoid).is_some() {
-                        pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, estate.es_query_cxt);
-                        (*finfo).fn_addr = Some(ri_trigger);
-                    }
+            let td = &*(*rri).ri_TrigDesc;
+            for t in 0..td.numtriggers.max(0) as usize {
+                let trigger = &*td.triggers.add(t);
+                let finfo = (*rri).ri_TrigFunctions.add(t);
+                if ri_function(trigger.tgfoid).is_some() {
+                    pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, (*estate).es_query_cxt);
+                    (*finfo).fn_addr = Some(ri_trigger);
                 }
             }
         }
+    }
+}
+
+/// The estate's result relations: the statement's own, those made for tuple routing, and
+/// with `triggers` those made for firing triggers.
+///
+/// # Safety
+/// `estate` is a started query's, its lists valid for its life.
+#[allow(unsafe_code)]
+unsafe fn result_relations(
+    estate: *mut pg_sys::EState,
+    triggers: bool,
+) -> Vec<*mut pg_sys::ResultRelInfo> {
+    // SAFETY: as this function's contract; each list holds ResultRelInfo pointers.
+    unsafe {
+        let mut lists = vec![
+            (*estate).es_opened_result_relations,
+            (*estate).es_tuple_routing_result_relations,
+        ];
+        if triggers {
+            lists.push((*estate).es_trig_target_relations);
+        }
+        let mut out = Vec::new();
+        for list in lists.into_iter().filter(|l| !l.is_null()) {
+            for i in 0..(*list).length {
+                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
+                if !rri.is_null() {
+                    out.push(rri);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -217,20 +222,10 @@ unsafe fn cascade_targets(qd: *mut pg_sys::QueryDesc) {
             CMD_MERGE => &[Change::Delete, Change::Update],
             _ => return,
         };
-        let mut queue = Vec::new();
-        for list in [
-            (*estate).es_opened_result_relations,
-            (*estate).es_tuple_routing_result_relations,
-            (*estate).es_trig_target_relations,
-        ] {
-            if list.is_null() {
-                continue;
-            }
-            for i in 0..(*list).length {
-                let rri = pg_sys::list_nth(list, i) as *mut pg_sys::ResultRelInfo;
-                queue.extend(first.iter().map(|&c| (rri, c)));
-            }
-        }
+        let mut queue: Vec<_> = result_relations(estate, true)
+            .into_iter()
+            .flat_map(|rri| first.iter().map(move |&c| (rri, c)))
+            .collect();
         let mut seen = std::collections::HashSet::new();
         while let Some((rri, change)) = queue.pop() {
             if rri.is_null() || (*rri).ri_TrigDesc.is_null() {
