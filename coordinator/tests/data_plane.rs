@@ -4809,6 +4809,138 @@ async fn foreign_keys_hold_across_leaseholders_with_the_transactions_own_changes
     check_consistency(&nodes[0]);
 }
 
+/// Statements a trigger runs inside a statement served for another node read current copies
+/// of what is leased elsewhere. `parent` and `log` are leased in us-west1 (node 2), `audit`
+/// in europe-west1 (node 3); `UPDATE parent` through node 1 is served by node 2, where its
+/// triggers run. An `INSERT … SELECT` from `audit` used to read node 2's copy without a read
+/// barrier, so right after a row was written to `audit` it could copy nothing; a MERGE or a
+/// data-modifying WITH into `audit` was neither checked nor waited for: it changed node 2's
+/// copy, or, missing a row that copy had not applied yet, committed having changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_inside_served_statements_read_current_copies() {
+    let dir = scratch("data-nested");
+    let nodes = start_cluster(dir.path(), 86, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = three_region_db(&nodes).await;
+    execute_all(
+        &mut m,
+        &[
+            r#"CREATE TABLE parent (id int PRIMARY KEY, v text) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE log (id int PRIMARY KEY, note text) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE audit (id int PRIMARY KEY, note text) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            "CREATE FUNCTION copy_note() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN INSERT INTO log SELECT id, note FROM audit WHERE id = NEW.id; RETURN NEW; END $$",
+            "CREATE TRIGGER copy_note AFTER UPDATE ON parent FOR EACH ROW EXECUTE FUNCTION copy_note()",
+        ],
+    )
+    .await;
+    exec_once_settled(
+        &mut m,
+        "INSERT INTO parent SELECT g, 'new' FROM generate_series(1, 6) g",
+    )
+    .await;
+    exec_once_settled(&mut m, "INSERT INTO log VALUES (0, 'settled')").await;
+    exec_once_settled(&mut m, "INSERT INTO audit VALUES (0, 'settled')").await;
+
+    // Each note is written to `audit` (a quorum of nodes 3 and 1) and copied at once by a
+    // trigger on node 2: the copy holds it by then.
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    for k in 1..=4 {
+        exec(
+            &mut east,
+            &format!("INSERT INTO audit VALUES ({k}, 'note {k}')"),
+        )
+        .await;
+        exec(
+            &mut east,
+            &format!("UPDATE parent SET v = 'copied' WHERE id = {k}"),
+        )
+        .await;
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: every note copied", i + 1),
+            Duration::from_secs(30),
+            || async {
+                (count_in(n, "SELECT count(*) FROM log WHERE note = 'note ' || id").await
+                    == Some(4))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    exec(&mut m, "DROP TRIGGER copy_note ON parent").await;
+
+    // A MERGE into `audit`, all of it leased on node 3: refused before it runs.
+    execute_all(
+        &mut m,
+        &[
+            "CREATE FUNCTION merge_note() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN MERGE INTO audit a USING (SELECT NEW.id AS id) s ON a.id = s.id \
+             WHEN MATCHED THEN UPDATE SET note = 'merged' \
+             WHEN NOT MATCHED THEN INSERT VALUES (s.id, 'merged'); RETURN NEW; END $$",
+            "CREATE TRIGGER merge_note AFTER UPDATE ON parent FOR EACH ROW EXECUTE FUNCTION merge_note()",
+        ],
+    )
+    .await;
+    let err = sqlx::query("UPDATE parent SET v = 'merged' WHERE id = 1")
+        .execute(&mut east)
+        .await
+        .expect_err("the MERGE changes rows leased on node 3");
+    assert_eq!(code(&err), "0A000", "{err}");
+    assert!(
+        err.to_string().contains("changes rows leased on node 3"),
+        "{err}"
+    );
+    exec(&mut m, "DROP TRIGGER merge_note ON parent").await;
+
+    // A data-modifying WITH deleting from `audit` and writing `log`, over ranges leased here
+    // and on node 3: run past a read barrier, so it finds the row just written, and refused
+    // at commit for changing node 3's row here. Nothing applied.
+    execute_all(
+        &mut m,
+        &[
+            "CREATE FUNCTION move_note() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN WITH gone AS (DELETE FROM audit WHERE id = NEW.id RETURNING id, note) \
+             INSERT INTO log SELECT id + 100, note FROM gone; RETURN NEW; END $$",
+            "CREATE TRIGGER move_note AFTER UPDATE ON parent FOR EACH ROW EXECUTE FUNCTION move_note()",
+        ],
+    )
+    .await;
+    for k in 5..=6 {
+        exec(
+            &mut east,
+            &format!("INSERT INTO audit VALUES ({k}, 'note {k}')"),
+        )
+        .await;
+        let err = sqlx::query(&format!("UPDATE parent SET v = 'moved' WHERE id = {k}"))
+            .execute(&mut east)
+            .await
+            .expect_err("the WITH deletes a row leased on node 3");
+        assert_eq!(code(&err), "0A000", "{k}: {err}");
+    }
+    exec(&mut m, "DROP TRIGGER move_note ON parent").await;
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: nothing merged or moved", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let audit =
+                    count_in(n, "SELECT count(*) FROM audit WHERE note LIKE 'note %'").await;
+                let merged = count_in(
+                    n,
+                    "SELECT count(*) FROM parent WHERE v IN ('merged', 'moved')",
+                )
+                .await;
+                let log = count_in(n, "SELECT count(*) FROM log").await;
+                (audit == Some(6) && merged == Some(0) && log == Some(5)).then_some(())
+            },
+        )
+        .await;
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
 /// A coordinator slow to decide is waited for, not overruled: with every part of a transfer
 /// between two regions prepared, node 1's pgmr pauses 30 s before deciding
 /// (`PGMR_FAILPOINT=2pc-slow-decide`), longer than the 20 s after which the participant's

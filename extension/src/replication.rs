@@ -462,42 +462,12 @@ pub unsafe fn statement_targets(
 pub unsafe fn touched_ranges(
     qd: &pg_sys::QueryDesc,
 ) -> (Vec<RangeTarget>, Vec<(mr_meta::TableRef, String)>) {
-    let mut relids = Vec::new();
-    // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
-    // the query's life; each relation in it is locked by the executor's caller.
-    unsafe {
-        let rtable = (*qd.plannedstmt).rtable;
-        if !rtable.is_null() {
-            for i in 0..(*rtable).length {
-                let rte = pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
-                if !rte.is_null()
-                    && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
-                    && matches!((*rte).relkind as u8, b'r' | b'p')
-                    && is_replicated((*rte).relid)
-                {
-                    relids.push((*rte).relid);
-                }
-            }
-        }
-    }
-    if relids.is_empty() {
+    // SAFETY: as this function's contract.
+    let mut targets = unsafe { rtable_ranges(qd, None) };
+    if targets.is_empty() {
         return (Vec::new(), Vec::new());
     }
     let database = crate::routing::database();
-    let mut targets: Vec<(mr_meta::TableRef, Option<String>)> = Vec::new();
-    for relid in relids {
-        if let Some(t) = target(relid) {
-            let r = mr_meta::TableRef {
-                database: database.clone(),
-                schema: t.schema.clone(),
-                table: t.table.clone(),
-            };
-            let entry = (r, t.partition.clone());
-            if !targets.contains(&entry) {
-                targets.push(entry);
-            }
-        }
-    }
     // An INSERT into a partitioned table: the partitions its rows go to, when they can be
     // known before it runs.
     let mut inserted = Vec::new();
@@ -519,13 +489,75 @@ pub unsafe fn touched_ranges(
             }
         }
     }
+    (wholes_dropped(targets), inserted)
+}
+
+/// A partitioned table whose partitions are listed stands for those only.
+fn wholes_dropped(mut targets: Vec<RangeTarget>) -> Vec<RangeTarget> {
     let partitioned: Vec<mr_meta::TableRef> = targets
         .iter()
         .filter(|(_, p)| p.is_some())
         .map(|(t, _)| t.clone())
         .collect();
     targets.retain(|(t, p)| p.is_some() || !partitioned.contains(t));
-    (targets, inserted)
+    targets
+}
+
+/// The ranges of the replicated relations in a planned statement's range table, but the
+/// one at index `skip` (1-based), each once.
+///
+/// # Safety
+/// As [`touched_ranges`].
+#[allow(unsafe_code)]
+unsafe fn rtable_ranges(qd: &pg_sys::QueryDesc, skip: Option<i32>) -> Vec<RangeTarget> {
+    let mut targets = Vec::new();
+    // SAFETY: the planned statement's range table is a List of RangeTblEntry nodes, valid for
+    // the query's life; each relation in it is locked by the executor's caller.
+    unsafe {
+        let rtable = (*qd.plannedstmt).rtable;
+        if rtable.is_null() {
+            return targets;
+        }
+        for i in 0..(*rtable).length {
+            let rte = pg_sys::list_nth(rtable, i) as *mut pg_sys::RangeTblEntry;
+            if skip != Some(i + 1)
+                && !rte.is_null()
+                && (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION
+                && matches!((*rte).relkind as u8, b'r' | b'p')
+            {
+                if let Some(entry) = range_target((*rte).relid) {
+                    if !targets.contains(&entry) {
+                        targets.push(entry);
+                    }
+                }
+            }
+        }
+    }
+    targets
+}
+
+/// The ranges an INSERT reads (`INSERT … SELECT`, a subquery in its VALUES or ON CONFLICT
+/// clause), its own target aside: its rows for ranges leased elsewhere leave the statement
+/// (`crate::moved`) before anything looks for a conflict, but what it reads is read here.
+/// Empty for other statements.
+///
+/// # Safety
+/// As [`touched_ranges`].
+#[allow(unsafe_code)]
+pub unsafe fn insert_reads(qd: &pg_sys::QueryDesc) -> Vec<RangeTarget> {
+    // SAFETY: as this function's contract; the result relation list holds range-table
+    // indexes.
+    unsafe {
+        let ps = &*qd.plannedstmt;
+        if qd.operation != pg_sys::CmdType::CMD_INSERT
+            || ps.resultRelations.is_null()
+            || (*ps.resultRelations).length != 1
+        {
+            return Vec::new();
+        }
+        let target = pg_sys::list_nth_int(ps.resultRelations, 0);
+        wholes_dropped(rtable_ranges(qd, Some(target)))
+    }
 }
 
 /// Whether the statement may write rows into partitions of a replicated table other than
@@ -965,29 +997,18 @@ pub unsafe fn read_barrier(qd: &mut pg_sys::QueryDesc, eflags: i32) {
         return;
     }
     // SAFETY: as this function's contract.
-    let targets = unsafe { statement_targets(qd) };
-    if targets.is_empty() {
-        return;
-    }
-    match sidecar::read_barrier(crate::routing::database(), targets, false) {
-        Ok(false) => barrier_off_for_a_while(),
-        // SAFETY: as this function's contract.
-        Ok(true) => unsafe { fresh_snapshot(qd) },
-        Err(e) => e.raise(),
-    }
+    unsafe { barrier_over(qd, statement_targets(qd)) }
 }
 
-/// [`read_barrier`] for an UPDATE or DELETE inside a statement served for another node, over
-/// ranges leased here and elsewhere (`routing::check_nested_locks`): its copies of the
-/// others must hold every write acknowledged before it, or it would miss their rows and
-/// change nothing where it should have been refused.
+/// [`read_barrier`] over `targets`, also for a statement that is not a SELECT: an INSERT
+/// inside a statement served for another node (`routing::check_nested`), whose copies of
+/// what it reads must hold every write acknowledged before it, or it would find nothing to
+/// insert.
 ///
 /// # Safety
 /// `qd` is the QueryDesc PostgreSQL is about to start.
 #[allow(unsafe_code)]
-pub unsafe fn change_barrier(qd: &mut pg_sys::QueryDesc) {
-    // SAFETY: as this function's contract.
-    let targets = unsafe { statement_targets(qd) };
+pub unsafe fn barrier_over(qd: &mut pg_sys::QueryDesc, targets: Vec<RangeTarget>) {
     if targets.is_empty() {
         return;
     }

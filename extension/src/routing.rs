@@ -318,35 +318,60 @@ pub unsafe fn refuse_locks_on_copies(qd: &pg_sys::QueryDesc) {
     }
 }
 
+/// What a statement inside one served for another node waits for before it runs
+/// ([`check_nested`]).
+enum NestedWait {
+    /// Nothing but a SELECT's own read barrier.
+    Nothing,
+    /// pgmr waited for the read barriers of the ranges it touches (routing it over ranges
+    /// leased on several nodes): its snapshot must be taken after the wait.
+    Waited,
+    /// The read barriers of these ranges (an INSERT's reads), then a snapshot taken after.
+    Ranges(Vec<replication::RangeTarget>),
+}
+
 /// A statement inside one served for another node (a trigger's or a function's) is never
 /// routed: it runs here. One that locks rows leased elsewhere would take those locks on this
 /// node's copy, so it is refused: at once if one other node leases everything it touches,
 /// else once started, if its pruned plan still scans such a range
-/// ([`refuse_locks_on_copies`]). An UPDATE or DELETE of rows all leased on another node is
-/// refused at once too; one over ranges leased here and elsewhere runs here, past a read
-/// barrier (it must not miss a row its copy has not applied yet), and a row it changes in a
-/// range leased elsewhere fails the transaction at commit, this node not being the
-/// leaseholder. Whether it needs that barrier.
+/// ([`refuse_locks_on_copies`]). A change in place (UPDATE, DELETE, MERGE, or any statement
+/// with a data-modifying WITH) of rows all leased on another node is refused at once too;
+/// one over ranges leased here and elsewhere runs here, past a read barrier (it must not miss
+/// a row its copy has not applied yet), and a row it changes in a range leased elsewhere
+/// fails the transaction at commit, this node not being the leaseholder. An INSERT's rows
+/// for ranges leased elsewhere go to the origin, but what it reads besides its target
+/// (`INSERT … SELECT`) is read here, past the same barrier.
 ///
 /// # Safety
 /// As [`executor_start`].
 #[allow(unsafe_code)]
-unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) -> bool {
+unsafe fn check_nested(qd: &pg_sys::QueryDesc, key: usize) -> NestedWait {
     // SAFETY: as this function's contract.
     let locked = unsafe { replication::locked_ranges(qd) };
-    let changes = matches!(
-        qd.operation,
-        pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE
-    );
+    // SAFETY: the planned statement is valid for the query's life.
+    let modifying_with = unsafe { (*qd.plannedstmt).hasModifyingCTE };
+    let changes = modifying_with
+        || matches!(
+            qd.operation,
+            pg_sys::CmdType::CMD_UPDATE | pg_sys::CmdType::CMD_DELETE | pg_sys::CmdType::CMD_MERGE
+        );
+    let reads = || {
+        // SAFETY: as this function's contract.
+        let reads = unsafe { replication::insert_reads(qd) };
+        if reads.is_empty() {
+            NestedWait::Nothing
+        } else {
+            NestedWait::Ranges(reads)
+        }
+    };
     if locked.is_empty() && !changes {
-        return false;
+        return reads();
     }
     // SAFETY: as this function's contract.
     let (targets, _) = unsafe { replication::touched_ranges(qd) };
     if targets.is_empty() {
-        return false;
+        return NestedWait::Nothing;
     }
-    let locks = !locked.is_empty();
     // As a change (`modifies`): where the rows are leased, without the read barrier a
     // locking read passes there (a quorum round per row of a row trigger).
     let how = sidecar::RouteHow {
@@ -361,10 +386,6 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) -> bool {
             ..
         }) if changes => nested_change_refused(node),
         Ok(sidecar::Route {
-            forward_to: Some(_),
-            ..
-        }) if !locks => false,
-        Ok(sidecar::Route {
             forward_to: Some(node),
             ..
         }) => MrError::WriteNotServed {
@@ -378,7 +399,12 @@ unsafe fn check_nested_locks(qd: &pg_sys::QueryDesc, key: usize) -> bool {
             if !r.locked_elsewhere.is_empty() {
                 LOCK_CHECKS.with(|l| l.borrow_mut().insert(key, r.locked_elsewhere));
             }
-            changes && r.enabled && !r.split.is_empty()
+            // Not mixed: every range it touches is leased here (or replication is off).
+            if r.mixed {
+                NestedWait::Waited
+            } else {
+                NestedWait::Nothing
+            }
         }
         Err(e) => e.raise(),
     }
@@ -434,16 +460,20 @@ pub unsafe fn executor_start(qd: &mut pg_sys::QueryDesc, eflags: i32) {
             return;
         }
         // A foreign key's query over rows leased here runs here.
-        if !SERVE_TOP.with(|t| t.replace(false))
-            && crate::ri::current().is_none()
+        let wait = if !SERVE_TOP.with(|t| t.replace(false)) && crate::ri::current().is_none() {
             // SAFETY: as this function's contract.
-            && unsafe { check_nested_locks(qd, key) }
-        {
-            // SAFETY: as this function's contract.
-            unsafe { replication::change_barrier(qd) };
+            unsafe { check_nested(qd, key) }
+        } else {
+            NestedWait::Nothing
+        };
+        // SAFETY: as this function's contract (each takes the snapshot anew after its wait).
+        unsafe {
+            match wait {
+                NestedWait::Nothing => replication::read_barrier(qd, eflags),
+                NestedWait::Waited => replication::fresh_snapshot(qd),
+                NestedWait::Ranges(ranges) => replication::barrier_over(qd, ranges),
+            }
         }
-        // SAFETY: as this function's contract.
-        unsafe { replication::read_barrier(qd, eflags) };
         return;
     }
     // SAFETY: the planned statement is valid for the query's life; reads a backend global.
