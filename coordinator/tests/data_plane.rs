@@ -4941,6 +4941,128 @@ async fn statements_inside_served_statements_read_current_copies() {
     check_consistency(&nodes[0]);
 }
 
+/// A foreign key declared DEFERRABLE INITIALLY DEFERRED is checked when the transaction
+/// commits, as PostgreSQL checks it, also when the statement that wrote the row was served by
+/// another node. `p` is leased in us-west1 (node 2), `c` in europe-west1 (node 3), and the
+/// statements run through node 1. Node 3 used to check the key at its own commit, against
+/// its copy of `p`: a child inserted before its parent in one transaction failed with 23503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholders() {
+    let dir = scratch("data-deferred-fk");
+    let nodes = start_cluster(dir.path(), 87, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = three_region_db(&nodes).await;
+    execute_all(
+        &mut m,
+        &[
+            r#"CREATE TABLE p (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE c (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+        ],
+    )
+    .await;
+    exec_once_settled(&mut m, "INSERT INTO p VALUES (100)").await;
+    exec_once_settled(&mut m, "INSERT INTO c VALUES (100, 100)").await;
+
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    // The child first, then its parent: the key holds at commit.
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO c VALUES (1, 1); INSERT INTO p VALUES (1); COMMIT",
+    )
+    .await;
+    // A child of no parent: the statement goes through, the commit fails with PostgreSQL's
+    // error, and nothing is applied.
+    exec(&mut east, "BEGIN").await;
+    exec(&mut east, "INSERT INTO c VALUES (2, 99)").await;
+    let err = sqlx::query("COMMIT")
+        .execute(&mut east)
+        .await
+        .expect_err("parent 99 does not exist");
+    assert_eq!(code(&err), "23503", "{err}");
+    assert_eq!(
+        err.as_database_error().unwrap().message(),
+        "insert or update on table \"c\" violates foreign key constraint \"c_pid_fkey\""
+    );
+    // A check whose row is gone by the commit is skipped, as PostgreSQL skips it: the row
+    // deleted, or updated to a key that exists (its new version checked instead), or
+    // written in a subtransaction rolled back.
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO c VALUES (3, 98); DELETE FROM c WHERE id = 3; COMMIT",
+    )
+    .await;
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO c VALUES (4, 97); UPDATE c SET pid = 1 WHERE id = 4; COMMIT",
+    )
+    .await;
+    exec(
+        &mut east,
+        "BEGIN; SAVEPOINT s; INSERT INTO c VALUES (5, 96); ROLLBACK TO SAVEPOINT s; COMMIT",
+    )
+    .await;
+    // The check runs as the key's owner, as PostgreSQL runs it: a role that may only insert
+    // into `c` needs no right on `p`.
+    execute_all(
+        &mut m,
+        &[
+            "CREATE ROLE app",
+            "GRANT USAGE ON SCHEMA public TO app",
+            "GRANT INSERT ON c TO app",
+        ],
+    )
+    .await;
+    eventually("role app on node 3", Duration::from_secs(30), || async {
+        count_in(
+            &nodes[2],
+            "SELECT count(*) FROM pg_roles WHERE rolname = 'app'",
+        )
+        .await
+        .filter(|&n| n == 1)
+    })
+    .await;
+    exec(
+        &mut east,
+        "BEGIN; SET LOCAL ROLE app; INSERT INTO c VALUES (6, 1); COMMIT",
+    )
+    .await;
+    // A referenced key removed: refused at commit, unless its referencing rows go too or
+    // the key is back by then.
+    exec(&mut east, "BEGIN").await;
+    exec(&mut east, "DELETE FROM p WHERE id = 100").await;
+    let err = sqlx::query("COMMIT")
+        .execute(&mut east)
+        .await
+        .expect_err("c 100 references p 100");
+    assert_eq!(code(&err), "23503", "{err}");
+    assert!(err.to_string().contains("on table \"c\""), "{err}");
+    exec(
+        &mut east,
+        "BEGIN; DELETE FROM p WHERE id = 1; INSERT INTO p VALUES (1); COMMIT",
+    )
+    .await;
+    exec(
+        &mut east,
+        "BEGIN; DELETE FROM p WHERE id = 100; DELETE FROM c WHERE id = 100; COMMIT",
+    )
+    .await;
+
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the rows that committed", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let children = count_in(n, "SELECT count(*) FROM c WHERE pid = 1").await;
+                let all = count_in(n, "SELECT count(*) FROM c").await;
+                let parents = count_in(n, "SELECT count(*) FROM p").await;
+                (children == Some(3) && all == Some(3) && parents == Some(1)).then_some(())
+            },
+        )
+        .await;
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
 /// A coordinator slow to decide is waited for, not overruled: with every part of a transfer
 /// between two regions prepared, node 1's pgmr pauses 30 s before deciding
 /// (`PGMR_FAILPOINT=2pc-slow-decide`), longer than the 20 s after which the participant's

@@ -176,6 +176,9 @@ unsafe extern "C-unwind" fn xact_callback(
             // its active snapshot) is gone, and SPI needs one: push the transaction's own and
             // pop it again (on error, abort pops it).
             unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+            // Checks of INITIALLY DEFERRED keys that statements served elsewhere returned
+            // (they may add parts to the transaction: before its parts commit).
+            crate::ri::run_at_commit();
             // Global key changes not yet applied (a COPY's: it has no executor finish).
             if crate::global_keys::any_pending() {
                 crate::routing::apply_key_changes().or_raise();

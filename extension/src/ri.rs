@@ -18,7 +18,7 @@
 //! trigger's constraint and relation around the call ([`shim_triggers`]).
 
 use crate::error::MrError;
-use mr_wire::local::{DeferredCheck, DeferredStatement, ForwardStatement};
+use mr_wire::local::{DeferredCheck, DeferredStatement, ForwardStatement, Guard};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -43,6 +43,10 @@ pub struct RiCall {
     constraint: pg_sys::Oid,
     /// The relation it fires on (the referencing one for a check, else the referenced one).
     relation: pg_sys::Oid,
+    /// Its constraint is INITIALLY DEFERRED: checked at the transaction's commit.
+    pub deferred: bool,
+    /// For a check, the referencing row's address (block, offset) in `relation`.
+    row: Option<(u32, u16)>,
 }
 
 thread_local! {
@@ -53,6 +57,13 @@ thread_local! {
     static DEFERRED: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
     /// Queries other nodes returned, for this origin to run next.
     static PENDING: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
+    /// Queries other nodes returned for this origin to run at commit, each with the
+    /// subtransaction it was returned in.
+    static AT_COMMIT: RefCell<Vec<(pg_sys::SubTransactionId, DeferredStatement)>> =
+        const { RefCell::new(Vec::new()) };
+    /// A deferred NO ACTION trigger's look for another row with its removed key (by
+    /// constraint), to guard the look for referencing rows that follows it.
+    static KEY_BACK: RefCell<Option<(pg_sys::Oid, Guard)>> = const { RefCell::new(None) };
 }
 
 /// A builtin function as pgrx binds it (its wrapper turns an ERROR inside into an unwind).
@@ -111,6 +122,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
         cascade_targets(qd);
+        let mut deferrable = Vec::new();
         for rri in result_relations(estate, true) {
             if (*rri).ri_TrigDesc.is_null() || (*rri).ri_TrigFunctions.is_null() {
                 continue;
@@ -122,9 +134,61 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                 if ri_function(trigger.tgfoid).is_some() {
                     pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, (*estate).es_query_cxt);
                     (*finfo).fn_addr = Some(ri_trigger);
+                    if trigger.tgdeferrable {
+                        // The constraint's table: the trigger's own for a check, the
+                        // referencing one for a removed key's.
+                        let table = match ri_function(trigger.tgfoid) {
+                            Some((RiKind::Check, _)) => (*(*rri).ri_RelationDesc).rd_id,
+                            _ => trigger.tgconstrrelid,
+                        };
+                        if !deferrable.contains(&(trigger.tgconstraint, table)) {
+                            deferrable.push((trigger.tgconstraint, table));
+                        }
+                    }
                 }
             }
         }
+        checked_after_statement(&deferrable);
+    }
+}
+
+/// Makes deferrable foreign keys (`(constraint, its table)`) checked when the statement's
+/// AFTER triggers fire, in this served transaction, as `SET CONSTRAINTS … IMMEDIATE` would:
+/// fired at this node's commit, their checks would run outside any served statement, against
+/// this node's copies (a parent the transaction inserted on its leaseholder a statement later
+/// was missing: 23503 for a valid row). Fired with the statement, they reach [`ri_trigger`],
+/// which returns an INITIALLY DEFERRED key's queries to the origin to run at its commit.
+///
+/// # Safety
+/// In a transaction, inside a statement's ExecutorFinish.
+#[allow(unsafe_code)]
+unsafe fn checked_after_statement(constraints: &[(pg_sys::Oid, pg_sys::Oid)]) {
+    if constraints.is_empty() {
+        return;
+    }
+    // SAFETY: catalog lookups by oid; the node and its list are palloc'd in the current
+    // memory context for AfterTriggerSetState, which resolves each name as SET CONSTRAINTS
+    // does (a name matching another deferrable constraint of the schema sets that one too).
+    unsafe {
+        let mut names = std::ptr::null_mut();
+        for &(constraint, table) in constraints {
+            let name = pg_sys::get_constraint_name(constraint);
+            let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(table));
+            if name.is_null() || schema.is_null() {
+                continue;
+            }
+            let rv = pg_sys::makeRangeVar(schema, name, -1);
+            names = pg_sys::lappend(names, rv as *mut std::ffi::c_void);
+        }
+        if names.is_null() {
+            return;
+        }
+        let stmt = pg_sys::palloc0(std::mem::size_of::<pg_sys::ConstraintsSetStmt>())
+            as *mut pg_sys::ConstraintsSetStmt;
+        (*stmt).type_ = pg_sys::NodeTag::T_ConstraintsSetStmt;
+        (*stmt).constraints = names;
+        (*stmt).deferred = false;
+        pg_sys::AfterTriggerSetState(stmt);
     }
 }
 
@@ -300,10 +364,28 @@ unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
             && (*td).type_ == pg_sys::NodeTag::T_TriggerData
             && !(*td).tg_trigger.is_null()
             && !(*td).tg_relation.is_null())
-        .then(|| RiCall {
-            kind,
-            constraint: (*(*td).tg_trigger).tgconstraint,
-            relation: (*(*td).tg_relation).rd_id,
+        .then(|| {
+            // The row a check is about: the new version for an UPDATE (RI_FKey_check's).
+            let slot =
+                if (*td).tg_event & pg_sys::TRIGGER_EVENT_OPMASK == pg_sys::TRIGGER_EVENT_UPDATE {
+                    (*td).tg_newslot
+                } else {
+                    (*td).tg_trigslot
+                };
+            let row = (kind == RiKind::Check && !slot.is_null()).then(|| {
+                let tid = (*slot).tts_tid;
+                (
+                    (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo),
+                    tid.ip_posid,
+                )
+            });
+            RiCall {
+                kind,
+                constraint: (*(*td).tg_trigger).tgconstraint,
+                relation: (*(*td).tg_relation).rd_id,
+                deferred: (*(*td).tg_trigger).tginitdeferred,
+                row,
+            }
         });
         (f, call)
     };
@@ -367,7 +449,29 @@ pub fn defer(
         }
         // Its look for another row with the removed key: none (keys are unique across the
         // cluster), so the referencing rows are checked — never a wrong "found" from a copy.
-        RiKind::Restrict => return Vec::new(),
+        // Checked at commit, the key may be back by then: the look guards the check.
+        RiKind::Restrict => {
+            if call.deferred {
+                let guard = Guard {
+                    sql: statement.sql.clone(),
+                    params: statement.params.clone(),
+                    role,
+                    skip_if_found: true,
+                };
+                KEY_BACK.with(|k| k.replace(Some((call.constraint, guard))));
+            }
+            return Vec::new();
+        }
+    };
+    let guard = match (call.kind, call.row) {
+        (RiKind::Check, Some((block, offset))) if call.deferred => {
+            row_guard(call.relation, block, offset)
+        }
+        (RiKind::Restrict, _) if call.deferred => KEY_BACK
+            .with(|k| k.take())
+            .filter(|(constraint, _)| *constraint == call.constraint)
+            .map(|(_, g)| g),
+        _ => None,
     };
     DEFERRED.with(|d| {
         d.borrow_mut().push(DeferredStatement {
@@ -376,9 +480,50 @@ pub fn defer(
             role,
             check,
             crosscheck: statement.crosscheck,
+            at_commit: call.deferred,
+            guard,
         })
     });
     rows
+}
+
+/// The query finding row `(block, offset)` of `relid` at commit, run as its owner.
+#[allow(unsafe_code)]
+fn row_guard(relid: pg_sys::Oid, block: u32, offset: u16) -> Option<Guard> {
+    // SAFETY: catalog lookups by oid, in a transaction (the relation is locked: its trigger
+    // is running); quote_identifier returns its argument or a palloc'd quoted copy.
+    unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        if name.is_null() || schema.is_null() {
+            return None;
+        }
+        let quoted = |p: *const std::ffi::c_char| {
+            CStr::from_ptr(pg_sys::quote_identifier(p))
+                .to_string_lossy()
+                .into_owned()
+        };
+        let rel = pg_sys::RelationIdGetRelation(relid);
+        if rel.is_null() {
+            return None;
+        }
+        let owner = (*(*rel).rd_rel).relowner;
+        pg_sys::RelationClose(rel);
+        let role = pg_sys::GetUserNameFromId(owner, true);
+        if role.is_null() {
+            return None;
+        }
+        Some(Guard {
+            sql: format!(
+                "SELECT 1 FROM ONLY {}.{} WHERE ctid = '({block},{offset})'::pg_catalog.tid",
+                quoted(schema),
+                quoted(name)
+            ),
+            params: Vec::new(),
+            role: CStr::from_ptr(role).to_string_lossy().into_owned(),
+            skip_if_found: false,
+        })
+    }
 }
 
 /// PostgreSQL's error for a failed check of `call` (`ri_ReportViolation`): a referencing key
@@ -517,10 +662,50 @@ pub fn take_deferred() -> Vec<DeferredStatement> {
     DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()))
 }
 
-/// Queries another node returned for this origin to run.
+/// Queries another node returned for this origin to run: next, or at commit.
+#[allow(unsafe_code)]
 pub fn returned(deferred: Vec<DeferredStatement>) {
-    if !deferred.is_empty() {
-        PENDING.with(|p| p.borrow_mut().extend(deferred));
+    let (at_commit, next): (Vec<_>, Vec<_>) = deferred.into_iter().partition(|d| d.at_commit);
+    if !next.is_empty() {
+        PENDING.with(|p| p.borrow_mut().extend(next));
+    }
+    if !at_commit.is_empty() {
+        // SAFETY: reads the current subtransaction's id, in a transaction.
+        let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+        AT_COMMIT.with(|p| {
+            p.borrow_mut()
+                .extend(at_commit.into_iter().map(|d| (sub, d)))
+        });
+    }
+}
+
+/// At pre-commit, before the transaction's parts commit: runs the checks of INITIALLY
+/// DEFERRED foreign keys that statements served elsewhere returned, as [`run_pending`] runs
+/// the others, each skipped if the row it is about is gone by now (its guard finds nothing).
+pub fn run_at_commit() {
+    loop {
+        let Some((_, d)) = AT_COMMIT.with(|p| {
+            let mut p = p.borrow_mut();
+            (!p.is_empty()).then(|| p.remove(0))
+        }) else {
+            return;
+        };
+        if let Some(g) = &d.guard {
+            let guard = DeferredStatement {
+                sql: g.sql.clone(),
+                params: g.params.clone(),
+                role: g.role.clone(),
+                check: None,
+                crosscheck: false,
+                at_commit: false,
+                guard: None,
+            };
+            if (run_as(&guard) > 0) == g.skip_if_found {
+                continue;
+            }
+        }
+        PENDING.with(|p| p.borrow_mut().push(d));
+        run_pending();
     }
 }
 
@@ -581,14 +766,19 @@ fn run_as(d: &DeferredStatement) -> u64 {
     crate::routing::spi_run(&d.sql, &types, &vals, d.crosscheck)
 }
 
-/// A statement failed (its subtransaction aborted): what it deferred goes with it.
-pub fn sub_aborted() {
+/// Subtransaction `sub` aborted (a statement failed, or ROLLBACK TO SAVEPOINT): what its
+/// statements deferred goes with it.
+pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
     DEFERRED.with(|d| d.borrow_mut().clear());
     PENDING.with(|p| p.borrow_mut().clear());
+    AT_COMMIT.with(|p| p.borrow_mut().retain(|(s, _)| *s < sub));
 }
 
 /// Transaction end.
 pub fn reset() {
     CALLS.with(|c| c.borrow_mut().clear());
-    sub_aborted();
+    KEY_BACK.with(|k| k.take());
+    DEFERRED.with(|d| d.borrow_mut().clear());
+    PENDING.with(|p| p.borrow_mut().clear());
+    AT_COMMIT.with(|p| p.borrow_mut().clear());
 }

@@ -816,14 +816,18 @@ unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
     if targets.is_empty() {
         return false;
     }
-    let modifies = qd.operation != pg_sys::CmdType::CMD_SELECT;
-    // Splittable: the answer says where the rows are leased, without refusing anything.
-    let here = match sidecar::route(database(), targets, true, modifies, true, Vec::new()) {
-        Ok(r) => !r.enabled || (r.forward_to.is_none() && r.split.is_empty()),
-        Err(e) => e.raise(),
-    };
-    if here {
-        return false;
+    // An INITIALLY DEFERRED key's queries go to the origin wherever their rows are leased:
+    // they belong to the commit, not to this statement.
+    if !call.deferred {
+        let modifies = qd.operation != pg_sys::CmdType::CMD_SELECT;
+        // Splittable: the answer says where the rows are leased, without refusing anything.
+        let here = match sidecar::route(database(), targets, true, modifies, true, Vec::new()) {
+            Ok(r) => !r.enabled || (r.forward_to.is_none() && r.split.is_empty()),
+            Err(e) => e.raise(),
+        };
+        if here {
+            return false;
+        }
     }
     // SAFETY: the planned statement's range table is valid for the query's life; its first
     // entry is the relation a referential query reads or changes.
@@ -2746,7 +2750,7 @@ pub fn on_subxact(event: pg_sys::SubXactEvent::Type, my: pg_sys::SubTransactionI
                     None => RUN_DEPTH.with(|d| d.set(0)),
                 }
                 crate::global_keys::sub_aborted(my);
-                crate::ri::sub_aborted();
+                crate::ri::sub_aborted(my);
                 // A turn taken in it is released: taken again before the next statement
                 // elsewhere, or at commit.
                 TURNS.with(|t| t.borrow_mut().clear());

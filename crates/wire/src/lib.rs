@@ -32,7 +32,9 @@ pub mod peer;
 /// 7: `ForwardStatement::crosscheck` and `DeferredStatement::crosscheck`, which a pgmr of
 /// version 6 would drop: a referential query would run with the transaction's snapshot and a
 /// key be removed under a row committed since. And `Gossip::now_ms` (clock offsets).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8: `DeferredStatement::at_commit` and `guard`, which a pgmr of version 7 would drop: an
+/// INITIALLY DEFERRED key's check would run right after the statement.
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest frame either side accepts. A longer length prefix closes the connection: it is
 /// either a bug or an attack, and buffering it would let one peer exhaust memory.

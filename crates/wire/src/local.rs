@@ -528,6 +528,28 @@ pub struct DeferredStatement {
     /// (`ForwardStatement::crosscheck`).
     #[serde(default)]
     pub crosscheck: bool,
+    /// Of a constraint declared INITIALLY DEFERRED: run when the transaction commits, not
+    /// after the statement.
+    #[serde(default)]
+    pub at_commit: bool,
+    /// For such a query, whether it still applies at commit, as PostgreSQL decides: a check
+    /// of a new referencing row is skipped if the row is gone (deleted, or updated: its new
+    /// version has a check of its own); a removed key's, if a row with the key is back.
+    #[serde(default)]
+    pub guard: Option<Guard>,
+}
+
+/// A query run before a [`DeferredStatement`] at commit, which is skipped if the guard finds
+/// a row (`skip_if_found`) or finds none (otherwise).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Guard {
+    pub sql: String,
+    #[serde(default)]
+    pub params: Vec<(String, Option<String>)>,
+    /// The role it runs as (a table owner).
+    pub role: String,
+    #[serde(default)]
+    pub skip_if_found: bool,
 }
 
 /// What a deferred referential check expects, and the error PostgreSQL would raise.
