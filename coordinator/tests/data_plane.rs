@@ -4917,6 +4917,11 @@ async fn statements_inside_served_statements_read_current_copies() {
             .await
             .expect_err("the WITH deletes a row leased on node 3");
         assert_eq!(code(&err), "0A000", "{k}: {err}");
+        // At commit: it ran, and changed a row of node 3's range here.
+        assert!(
+            err.to_string().contains("is not the leaseholder"),
+            "{k}: {err}"
+        );
     }
     exec(&mut m, "DROP TRIGGER move_note ON parent").await;
     for (i, n) in nodes.iter().enumerate() {
@@ -4956,11 +4961,20 @@ async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholde
         &[
             r#"CREATE TABLE p (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
             r#"CREATE TABLE c (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            "CREATE TABLE r (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED, note text) LOCALITY REGIONAL BY ROW",
         ],
     )
     .await;
     exec_once_settled(&mut m, "INSERT INTO p VALUES (100)").await;
     exec_once_settled(&mut m, "INSERT INTO c VALUES (100, 100)").await;
+    for region in ["us-east1", "us-west1", "europe-west1"] {
+        exec_once_settled(
+            &mut m,
+            &format!("INSERT INTO r (crdb_region, id, pid) VALUES ('{region}', 0, 100)"),
+        )
+        .await;
+        exec(&mut m, "DELETE FROM r WHERE id = 0").await;
+    }
 
     let mut east = connect(&nodes[0], "mr").await.unwrap();
     // The child first, then its parent: the key holds at commit.
@@ -5025,6 +5039,33 @@ async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholde
         "BEGIN; SET LOCAL ROLE app; INSERT INTO c VALUES (6, 1); COMMIT",
     )
     .await;
+    // Nor on the schema of a key that references a removed row: `app` may delete from `p`
+    // without USAGE on `priv`, where `priv.k` references it.
+    execute_all(
+        &mut m,
+        &[
+            "CREATE SCHEMA priv",
+            r#"CREATE TABLE priv.k (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            "GRANT SELECT, DELETE ON p TO app",
+        ],
+    )
+    .await;
+    exec_once_settled(&mut m, "INSERT INTO priv.k VALUES (100, 100)").await;
+    exec(&mut east, "INSERT INTO p VALUES (8)").await;
+    exec(
+        &mut east,
+        "BEGIN; SET LOCAL ROLE app; DELETE FROM p WHERE id = 8; COMMIT",
+    )
+    .await;
+    // A statement split over the leaseholders of `r`'s partitions, node 1's share run by this
+    // transaction itself, leaves its keys deferred: the row inserted before it, whose parent
+    // comes after it, is checked at commit.
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO r (crdb_region, id, pid) VALUES ('us-east1', 1, 7); \
+         UPDATE r SET note = 'split'; INSERT INTO p VALUES (7); COMMIT",
+    )
+    .await;
     // A referenced key removed: refused at commit, unless its referencing rows go too or
     // the key is back by then.
     exec(&mut east, "BEGIN").await;
@@ -5042,7 +5083,8 @@ async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholde
     .await;
     exec(
         &mut east,
-        "BEGIN; DELETE FROM p WHERE id = 100; DELETE FROM c WHERE id = 100; COMMIT",
+        "BEGIN; DELETE FROM p WHERE id = 100; DELETE FROM c WHERE id = 100; \
+         DELETE FROM priv.k WHERE id = 100; COMMIT",
     )
     .await;
 
@@ -5054,7 +5096,9 @@ async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholde
                 let children = count_in(n, "SELECT count(*) FROM c WHERE pid = 1").await;
                 let all = count_in(n, "SELECT count(*) FROM c").await;
                 let parents = count_in(n, "SELECT count(*) FROM p").await;
-                (children == Some(3) && all == Some(3) && parents == Some(1)).then_some(())
+                let split = count_in(n, "SELECT count(*) FROM r WHERE note = 'split'").await;
+                (children == Some(3) && all == Some(3) && parents == Some(2) && split == Some(1))
+                    .then_some(())
             },
         )
         .await;

@@ -358,6 +358,18 @@ pub fn is_replicated_table(relid: pg_sys::Oid) -> bool {
     .is_some_and(|v| v == "true")
 }
 
+/// [`is_replicated`] without its SPI query: for a relation the caller holds a lock on, or
+/// one a foreign key of a locked relation references (dropping it drops the key, which locks
+/// both), so that the answer cannot change under the caller.
+pub fn is_replicated_table_locked(relid: pg_sys::Oid) -> bool {
+    // SAFETY: reads the relcache entry; an unlocked one may be stale or gone (then false),
+    // which this function's contract rules out for its answer's sake, not memory's.
+    #[allow(unsafe_code)]
+    unsafe {
+        is_replicated(relid)
+    }
+}
+
 /// Whether a relation has the capture trigger, i.e. its rows are replicated.
 ///
 /// # Safety

@@ -22,6 +22,7 @@ use mr_wire::local::{DeferredCheck, DeferredStatement, ForwardStatement, Guard};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::ffi::{CStr, CString};
 
 /// What a referential trigger does with the rows its query finds.
@@ -59,8 +60,8 @@ thread_local! {
     static PENDING: RefCell<Vec<DeferredStatement>> = const { RefCell::new(Vec::new()) };
     /// Queries other nodes returned for this origin to run at commit, each with the
     /// subtransaction it was returned in.
-    static AT_COMMIT: RefCell<Vec<(pg_sys::SubTransactionId, DeferredStatement)>> =
-        const { RefCell::new(Vec::new()) };
+    static AT_COMMIT: RefCell<VecDeque<(pg_sys::SubTransactionId, DeferredStatement)>> =
+        const { RefCell::new(VecDeque::new()) };
     /// A deferred NO ACTION trigger's look for another row with its removed key (by
     /// constraint), to guard the look for referencing rows that follows it.
     static KEY_BACK: RefCell<Option<(pg_sys::Oid, Guard)>> = const { RefCell::new(None) };
@@ -122,7 +123,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
         cascade_targets(qd);
-        let mut deferrable = Vec::new();
+        let mut deferred = Vec::new();
         for rri in result_relations(estate, true) {
             if (*rri).ri_TrigDesc.is_null() || (*rri).ri_TrigFunctions.is_null() {
                 continue;
@@ -134,26 +135,36 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                 if ri_function(trigger.tgfoid).is_some() {
                     pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, (*estate).es_query_cxt);
                     (*finfo).fn_addr = Some(ri_trigger);
-                    if trigger.tgdeferrable {
+                    // Served for another node, an INITIALLY DEFERRED key between
+                    // replicated tables (the others are immediate here already, and a
+                    // key to a table that is not replicated is checked here at commit).
+                    let relid = (*(*rri).ri_RelationDesc).rd_id;
+                    if trigger.tginitdeferred
+                        && crate::routing::serving_remote()
+                        && crate::replication::is_replicated_table_locked(relid)
+                        && crate::replication::is_replicated_table_locked(trigger.tgconstrrelid)
+                    {
                         // The constraint's table: the trigger's own for a check, the
                         // referencing one for a removed key's.
                         let table = match ri_function(trigger.tgfoid) {
-                            Some((RiKind::Check, _)) => (*(*rri).ri_RelationDesc).rd_id,
+                            Some((RiKind::Check, _)) => relid,
                             _ => trigger.tgconstrrelid,
                         };
-                        if !deferrable.contains(&(trigger.tgconstraint, table)) {
-                            deferrable.push((trigger.tgconstraint, table));
+                        if !deferred.contains(&(trigger.tgconstraint, table)) {
+                            deferred.push((trigger.tgconstraint, table));
                         }
                     }
                 }
             }
         }
-        checked_after_statement(&deferrable);
+        checked_after_statement(&deferred);
     }
 }
 
-/// Makes deferrable foreign keys (`(constraint, its table)`) checked when the statement's
-/// AFTER triggers fire, in this served transaction, as `SET CONSTRAINTS … IMMEDIATE` would:
+/// Makes INITIALLY DEFERRED foreign keys (`(constraint, its table)`) checked when the
+/// statement's AFTER triggers fire, in this served transaction, as `SET CONSTRAINTS …
+/// IMMEDIATE` would (as the bootstrap superuser: naming a constraint by its schema takes
+/// USAGE on it, which PostgreSQL's own check, run as the table owner, does not need):
 /// fired at this node's commit, their checks would run outside any served statement, against
 /// this node's copies (a parent the transaction inserted on its leaseholder a statement later
 /// was missing: 23503 for a valid row). Fired with the statement, they reach [`ri_trigger`],
@@ -188,7 +199,7 @@ unsafe fn checked_after_statement(constraints: &[(pg_sys::Oid, pg_sys::Oid)]) {
         (*stmt).type_ = pg_sys::NodeTag::T_ConstraintsSetStmt;
         (*stmt).constraints = names;
         (*stmt).deferred = false;
-        pg_sys::AfterTriggerSetState(stmt);
+        crate::sequences::as_superuser(|| pg_sys::AfterTriggerSetState(stmt));
     }
 }
 
@@ -390,6 +401,10 @@ unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
         (f, call)
     };
     let _pop = call.map(|c| {
+        // A removed key's guard comes from this call's own look for the key, or none.
+        if c.kind == RiKind::Restrict {
+            KEY_BACK.with(|k| k.take());
+        }
         let level = crate::routing::executor_level();
         CALLS.with(|s| s.borrow_mut().push((c, level)));
         Pop
@@ -451,7 +466,7 @@ pub fn defer(
         // cluster), so the referencing rows are checked — never a wrong "found" from a copy.
         // Checked at commit, the key may be back by then: the look guards the check.
         RiKind::Restrict => {
-            if call.deferred {
+            if call.deferred && crate::routing::serving_remote() {
                 let guard = Guard {
                     sql: statement.sql.clone(),
                     params: statement.params.clone(),
@@ -463,11 +478,12 @@ pub fn defer(
             return Vec::new();
         }
     };
+    let at_commit = call.deferred && crate::routing::serving_remote();
     let guard = match (call.kind, call.row) {
-        (RiKind::Check, Some((block, offset))) if call.deferred => {
+        (RiKind::Check, Some((block, offset))) if at_commit => {
             row_guard(call.relation, block, offset)
         }
-        (RiKind::Restrict, _) if call.deferred => KEY_BACK
+        (RiKind::Restrict, _) if at_commit => KEY_BACK
             .with(|k| k.take())
             .filter(|(constraint, _)| *constraint == call.constraint)
             .map(|(_, g)| g),
@@ -480,7 +496,7 @@ pub fn defer(
             role,
             check,
             crosscheck: statement.crosscheck,
-            at_commit: call.deferred,
+            at_commit,
             guard,
         })
     });
@@ -684,10 +700,7 @@ pub fn returned(deferred: Vec<DeferredStatement>) {
 /// the others, each skipped if the row it is about is gone by now (its guard finds nothing).
 pub fn run_at_commit() {
     loop {
-        let Some((_, d)) = AT_COMMIT.with(|p| {
-            let mut p = p.borrow_mut();
-            (!p.is_empty()).then(|| p.remove(0))
-        }) else {
+        let Some((_, d)) = AT_COMMIT.with(|p| p.borrow_mut().pop_front()) else {
             return;
         };
         if let Some(g) = &d.guard {

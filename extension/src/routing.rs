@@ -132,6 +132,9 @@ thread_local! {
     /// Set while a served statement has not started yet: the next statement to start is
     /// it, and the ones after it are its triggers' and functions' statements.
     static SERVE_TOP: Cell<bool> = const { Cell::new(false) };
+    /// Above zero while the statement served is another node's transaction's
+    /// (`remote_exec`), not this origin's own share of a statement split over leaseholders.
+    static SERVING_REMOTE: Cell<u32> = const { Cell::new(0) };
     /// Above zero while the extension reads this node's copy as it is, on purpose
     /// (`count_local`): no routing, no read barrier.
     static LOCAL_READS: Cell<u32> = const { Cell::new(0) };
@@ -817,8 +820,8 @@ unsafe fn defer_referential(qd: &mut pg_sys::QueryDesc, key: usize) -> bool {
         return false;
     }
     // An INITIALLY DEFERRED key's queries go to the origin wherever their rows are leased:
-    // they belong to the commit, not to this statement.
-    if !call.deferred {
+    // they belong to its commit, not to this statement.
+    if !(call.deferred && serving_remote()) {
         let modifies = qd.operation != pg_sys::CmdType::CMD_SELECT;
         // Splittable: the answer says where the rows are leased, without refusing anything.
         let here = match sidecar::route(database(), targets, true, modifies, true, Vec::new()) {
@@ -2023,9 +2026,17 @@ pub fn run_on(node: u64, sql: &str, params: Vec<Option<String>>) -> Result<(), M
     Ok(())
 }
 
-/// Whether this backend is running a statement served for another node's transaction.
+/// Whether this backend is running a statement served for another node's transaction, or
+/// its own share of a statement split over leaseholders ([`serving_remote`] tells them
+/// apart).
 pub fn serving() -> bool {
     SERVING.with(Cell::get) > 0
+}
+
+/// Whether the statement served is another node's transaction's: this transaction's commit
+/// is then that node's to make.
+pub fn serving_remote() -> bool {
+    SERVING_REMOTE.with(Cell::get) > 0
 }
 
 /// What the rows `qd`'s INSERT or UPDATE writes at other nodes carry of it ([`Tail`]), or
@@ -2880,6 +2891,7 @@ fn exec_share(
             SERVE_TOP.with(|t| t.set(false));
             if let Some(prev) = self.prev_region.take() {
                 GATEWAY_REGION.with(|g| *g.borrow_mut() = prev);
+                SERVING_REMOTE.with(|s| s.set(s.get().saturating_sub(1)));
             }
             crate::region_filter::restrict(None);
         }
@@ -2893,6 +2905,9 @@ fn exec_share(
         .raise();
     }
     SERVING.with(|s| s.set(s.get() + 1));
+    if gateway_region.is_some() {
+        SERVING_REMOTE.with(|s| s.set(s.get() + 1));
+    }
     let guard = Serving {
         prev_region: gateway_region
             .map(|r| GATEWAY_REGION.with(|g| g.borrow_mut().replace(r.to_string()))),
