@@ -48,7 +48,7 @@ use openraft::{ChangeMembers, Config, ServerState, SnapshotPolicy};
 use redb::Database;
 pub use snapshot::SeedAt;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -169,12 +169,9 @@ pub struct Group {
     committed: watch::Receiver<u64>,
     /// The applier's durable cursor in PostgreSQL: every entry up to it is applied here.
     applied: watch::Sender<u64>,
-    /// The index the applier must reach before this node serves writes again.
-    fence: AtomicU64,
-    /// Unix ms at which the fence was last passed ([`NOT_SERVING`] while it is not).
-    serving_since: AtomicU64,
-    /// The leader term for which the fence was last set.
-    fenced_term: AtomicU64,
+    /// The fence, under one lock: a term's first write, the applier passing the fence and a
+    /// fence set anew must not interleave, or a write could pass a fence its reads missed.
+    fence: Mutex<Fence>,
     /// Whether the log holds a transaction's rows at or below the applier's cursor. Until it
     /// does, a fence hides nothing, so transactions that began before it may write.
     data_seen: std::sync::atomic::AtomicBool,
@@ -218,18 +215,21 @@ impl Group {
     /// Records that the applier reached `index`, and lifts the fence once it is passed.
     fn advance(&self, index: u64) {
         self.applied.send_replace(index);
-        if index >= self.fence.load(Ordering::SeqCst)
-            && self.serving_since.load(Ordering::SeqCst) == NOT_SERVING
-        {
-            let since = if self.data_seen.load(Ordering::SeqCst) {
+        let mut f = self.fence.lock().expect("fence lock");
+        self.lift(&mut f, index);
+    }
+
+    /// Lifts the fence if `applied` has passed it.
+    fn lift(&self, f: &mut Fence, applied: u64) {
+        if applied >= f.index && f.serving_since == NOT_SERVING {
+            f.serving_since = if self.data_seen.load(Ordering::SeqCst) {
                 crate::node::now_ms()
             } else {
                 0
             };
-            self.serving_since.store(since, Ordering::SeqCst);
             tracing::info!(
                 range_id = self.range_id,
-                index,
+                index = applied,
                 "the applier passed the fence; serving writes"
             );
         }
@@ -238,10 +238,20 @@ impl Group {
     /// Sets the fence at `index`: writes from transactions that started before the applier
     /// passes it are refused.
     fn fence_at(&self, index: u64) {
-        self.fence.fetch_max(index, Ordering::SeqCst);
-        self.serving_since.store(NOT_SERVING, Ordering::SeqCst);
+        let mut f = self.fence.lock().expect("fence lock");
+        self.raise(&mut f, index);
+    }
+
+    fn raise(&self, f: &mut Fence, index: u64) {
+        f.index = f.index.max(index);
+        f.serving_since = NOT_SERVING;
         let applied = self.applied_index();
-        self.advance(applied);
+        self.lift(f, applied);
+    }
+
+    /// Unix ms at which the applier last passed the fence ([`NOT_SERVING`] while it has not).
+    fn serving_since(&self) -> u64 {
+        self.fence.lock().expect("fence lock").serving_since
     }
 
     /// The leader's term if this node leads the range; on a new term, fences at the last
@@ -251,7 +261,9 @@ impl Group {
         if m.state != ServerState::Leader {
             return None;
         }
-        if self.fenced_term.swap(m.current_term, Ordering::SeqCst) != m.current_term {
+        let mut f = self.fence.lock().expect("fence lock");
+        if f.term != m.current_term {
+            f.term = m.current_term;
             let fence = m.last_log_index.unwrap_or(0);
             tracing::info!(
                 range_id = self.range_id,
@@ -259,10 +271,20 @@ impl Group {
                 fence,
                 "leading the range; writes wait until the applier reaches the fence"
             );
-            self.fence_at(fence);
+            self.raise(&mut f, fence);
         }
         Some(m.current_term)
     }
+}
+
+/// A range's fence on this node ([`Group::fence_at`]).
+struct Fence {
+    /// The index the applier must reach before this node serves writes again.
+    index: u64,
+    /// Unix ms at which the fence was last passed ([`NOT_SERVING`] while it is not).
+    serving_since: u64,
+    /// The leader term for which the fence was last set.
+    term: u64,
 }
 
 /// Every range group of this node.
@@ -388,11 +410,9 @@ async fn propose(g: &Group, entry: TxnWrite) -> Result<(u64, Option<bool>), Writ
     let limit = WRITE_TIMEOUT + entry.chunk.map_or(Duration::ZERO, |c| CHUNK_WAIT * c.of);
     let resp = match tokio::time::timeout(limit, g.raft.client_write(entry)).await {
         Ok(Ok(resp)) => resp,
-        Ok(Err(e)) if e.forward_to_leader().is_some() => {
-            return Err(WriteError::Retryable(format!(
-                "range {range_id}: this node lost the lease before the write was proposed"
-            )))
-        }
+        // openraft answers so both when this node no longer led as the write arrived and when
+        // it stopped leading after appending it, which the next leader may still commit: the
+        // outcome is unknown, as for any other failure after the call.
         Ok(Err(e)) => {
             g.fence_at(g.raft.metrics().borrow().last_log_index.unwrap_or(0));
             return Err(WriteError::Ambiguous(e.to_string()));
@@ -813,10 +833,12 @@ impl Ranges {
             raft,
             committed,
             applied,
-            fence: AtomicU64::new(0),
-            serving_since: AtomicU64::new(NOT_SERVING),
+            fence: Mutex::new(Fence {
+                index: 0,
+                serving_since: NOT_SERVING,
+                term: 0,
+            }),
             data_seen: std::sync::atomic::AtomicBool::new(false),
-            fenced_term: AtomicU64::new(0),
             last_elect: Mutex::new(None),
             dropped_since: Mutex::new(None),
             seeding: std::sync::atomic::AtomicBool::new(false),
@@ -1236,12 +1258,14 @@ impl Ranges {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // A new leader serves once its applier passes the fence: usually within milliseconds.
-        let mut since = g.serving_since.load(Ordering::SeqCst);
+        let mut since = g.serving_since();
         while since == NOT_SERVING && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            since = g.serving_since.load(Ordering::SeqCst);
+            since = g.serving_since();
         }
-        if since == NOT_SERVING || since > txn_start_ms {
+        // Both times are whole milliseconds: a transaction that began in the millisecond the
+        // fence was passed may have begun before it.
+        if since == NOT_SERVING || since >= txn_start_ms {
             return Err(WriteError::Retryable(format!(
                 "range {range_id} changed leaseholder or has a write of unknown outcome since this transaction began; its reads may miss committed writes"
             )));
@@ -1838,7 +1862,7 @@ impl Ranges {
                 Ok((read, _)) => {
                     // A new leader serves nothing before its applier passes the fence.
                     g.leading();
-                    if g.serving_since.load(Ordering::SeqCst) == NOT_SERVING {
+                    if g.serving_since() == NOT_SERVING {
                         return Err(format!("range {} is catching up", g.range_id));
                     }
                     Ok(read.map_or(0, |l| l.index))
