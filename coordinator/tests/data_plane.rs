@@ -5125,6 +5125,105 @@ async fn initially_deferred_foreign_keys_are_checked_at_commit_across_leaseholde
     check_consistency(&nodes[0]);
 }
 
+/// `SET CONSTRAINTS` in the origin's transaction governs the keys that nodes serving its
+/// statements check, as it governs the origin's own. `p` is leased in us-west1 (node 2); `c`
+/// (a key DEFERRABLE INITIALLY IMMEDIATE) and `d` (INITIALLY DEFERRED) in europe-west1
+/// (node 3); statements run through node 1. Node 3 used to check as the key was declared:
+/// after `SET CONSTRAINTS ALL DEFERRED` a child inserted before its parent failed with 23503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_constraints_reaches_the_nodes_serving_the_transactions_statements() {
+    let dir = scratch("data-set-constraints");
+    let nodes = start_cluster(dir.path(), 88, WAN, &[EAST_B, WEST_A, EU_B]).await;
+    let mut m = three_region_db(&nodes).await;
+    execute_all(
+        &mut m,
+        &[
+            r#"CREATE TABLE p (id int PRIMARY KEY) LOCALITY REGIONAL BY TABLE IN "us-west1""#,
+            r#"CREATE TABLE c (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY IMMEDIATE) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+            r#"CREATE TABLE d (id int PRIMARY KEY, pid int REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED) LOCALITY REGIONAL BY TABLE IN "europe-west1""#,
+        ],
+    )
+    .await;
+    exec_once_settled(&mut m, "INSERT INTO p VALUES (100)").await;
+    exec_once_settled(&mut m, "INSERT INTO c VALUES (100, 100)").await;
+    exec_once_settled(&mut m, "INSERT INTO d VALUES (100, 100)").await;
+
+    let mut east = connect(&nodes[0], "mr").await.unwrap();
+    async fn fails(c: &mut PgConnection, sql: &str) -> (String, String) {
+        let err = sqlx::query(sql).execute(c).await.expect_err(sql);
+        let db = err.as_database_error().expect("a SQL error");
+        (
+            db.code().unwrap_or_default().to_string(),
+            db.message().to_string(),
+        )
+    }
+    let violated = "insert or update on table \"c\" violates foreign key constraint \"c_pid_fkey\"";
+    // Deferred, by ALL or by name: the child first, then its parent.
+    exec(
+        &mut east,
+        "BEGIN; SET CONSTRAINTS ALL DEFERRED; INSERT INTO c VALUES (1, 1); \
+         INSERT INTO p VALUES (1); COMMIT",
+    )
+    .await;
+    exec(
+        &mut east,
+        "BEGIN; SET CONSTRAINTS public.c_pid_fkey DEFERRED; INSERT INTO c VALUES (2, 2); \
+         INSERT INTO p VALUES (2); COMMIT",
+    )
+    .await;
+    // Made immediate again, the pending checks run at that statement: here one passes…
+    exec(
+        &mut east,
+        "BEGIN; SET CONSTRAINTS c_pid_fkey DEFERRED; INSERT INTO c VALUES (3, 3); \
+         INSERT INTO p VALUES (3); SET CONSTRAINTS ALL IMMEDIATE; COMMIT",
+    )
+    .await;
+    // …and here one fails, at the SET CONSTRAINTS, with PostgreSQL's error.
+    exec(&mut east, "BEGIN; SET CONSTRAINTS ALL DEFERRED").await;
+    exec(&mut east, "INSERT INTO c VALUES (4, 99)").await;
+    let (code, message) = fails(&mut east, "SET CONSTRAINTS c_pid_fkey IMMEDIATE").await;
+    assert_eq!((code.as_str(), message.as_str()), ("23503", violated));
+    exec(&mut east, "ROLLBACK").await;
+    // A rollback to a savepoint undoes the SET CONSTRAINTS made in it, here and there (the
+    // transaction's session on node 3 began before it).
+    exec(
+        &mut east,
+        "BEGIN; INSERT INTO c VALUES (5, 100); SAVEPOINT s; SET CONSTRAINTS ALL DEFERRED; \
+         INSERT INTO c VALUES (6, 98); ROLLBACK TO SAVEPOINT s",
+    )
+    .await;
+    let (code, message) = fails(&mut east, "INSERT INTO c VALUES (7, 97)").await;
+    assert_eq!((code.as_str(), message.as_str()), ("23503", violated));
+    exec(&mut east, "ROLLBACK").await;
+    // An INITIALLY DEFERRED key made immediate is checked with the statement.
+    exec(&mut east, "BEGIN; SET CONSTRAINTS d_pid_fkey IMMEDIATE").await;
+    let (code, message) = fails(&mut east, "INSERT INTO d VALUES (8, 96)").await;
+    assert_eq!(
+        (code.as_str(), message.as_str()),
+        (
+            "23503",
+            "insert or update on table \"d\" violates foreign key constraint \"d_pid_fkey\""
+        )
+    );
+    exec(&mut east, "ROLLBACK").await;
+
+    for (i, n) in nodes.iter().enumerate() {
+        eventually(
+            &format!("node {}: the rows that committed", i + 1),
+            Duration::from_secs(30),
+            || async {
+                let children = count_in(n, "SELECT count(*) FROM c").await;
+                let parents = count_in(n, "SELECT count(*) FROM p").await;
+                let others = count_in(n, "SELECT count(*) FROM d").await;
+                (children == Some(4) && parents == Some(4) && others == Some(1)).then_some(())
+            },
+        )
+        .await;
+    }
+    no_prepared_transactions(&nodes).await;
+    check_consistency(&nodes[0]);
+}
+
 /// A coordinator slow to decide is waited for, not overruled: with every part of a transfer
 /// between two regions prepared, node 1's pgmr pauses 30 s before deciding
 /// (`PGMR_FAILPOINT=2pc-slow-decide`), longer than the 20 s after which the participant's

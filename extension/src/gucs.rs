@@ -50,6 +50,13 @@ static REPLICATE_DDL: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// writes the session's changes as prepared entries anchored there. Superuser-only.
 static PREPARE_AS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 
+/// `SET CONSTRAINTS` as this transaction has it, for the nodes serving its statements
+/// (`crate::ri::after_utility`): set transaction-locally here, so that a rollback to a
+/// savepoint undoes it as PostgreSQL undoes its own state, and forwarded with each statement
+/// like `search_path`. Superuser-only: the extension sets it on the user's behalf.
+static CONSTRAINT_MODES: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c""));
+
 /// The lock timeout of statements in transactions with parts on several nodes: each
 /// PostgreSQL detects deadlocks among its own backends only, so a cycle of lock waits across
 /// nodes ends by this timeout (55P03) instead of never. 0 turns it off.
@@ -164,6 +171,14 @@ pub fn init() {
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_string_guc(
+        c"multiregion.constraint_modes",
+        c"SET CONSTRAINTS of this transaction, for the nodes serving its statements.",
+        c"Set by the extension; forwarded with each statement run on another node.",
+        &CONSTRAINT_MODES,
+        GucContext::Suset,
+        GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_string_guc(
         c"multiregion.prepare_as",
         c"Set by pgmr when a forwarded transaction prepares as part of a two-phase commit.",
         c"The range that records the decision and the transaction's decision key.",
@@ -179,6 +194,14 @@ pub fn init() {
 pub fn distributed_lock_timeout(current_ms: i32) -> Option<u64> {
     let d = DISTRIBUTED_LOCK_TIMEOUT_MS.get();
     (d > 0 && (current_ms <= 0 || current_ms > d)).then_some(d as u64)
+}
+
+/// The `SET CONSTRAINTS` modes in effect (see [`CONSTRAINT_MODES`]), as set.
+pub fn constraint_modes() -> String {
+    CONSTRAINT_MODES
+        .get()
+        .and_then(|c| c.to_str().ok().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 /// This transaction's part in another node's two-phase commit, if pgmr set one.

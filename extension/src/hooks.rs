@@ -240,6 +240,8 @@ unsafe extern "C-unwind" fn process_utility(
     }
     // SAFETY: as above; the statement ran (an ALTER SEQUENCE … RESTART is recorded).
     unsafe { crate::sequences::after_utility(&*pstmt) };
+    // SAFETY: as above; a SET CONSTRAINTS is kept for the nodes serving this transaction.
+    unsafe { crate::ri::after_utility(&*pstmt) };
     crate::replication::after_copy_to(copy_snapshot);
     crate::regions::after_partition_change(partition_change);
     // SAFETY: as above; a snapshot transaction begun now (pg_dump's) waits for this node's

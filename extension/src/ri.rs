@@ -44,7 +44,8 @@ pub struct RiCall {
     constraint: pg_sys::Oid,
     /// The relation it fires on (the referencing one for a check, else the referenced one).
     relation: pg_sys::Oid,
-    /// Its constraint is INITIALLY DEFERRED: checked at the transaction's commit.
+    /// Its constraint is deferred in the transaction (INITIALLY DEFERRED, or by the origin's
+    /// `SET CONSTRAINTS`): checked at the transaction's commit.
     pub deferred: bool,
     /// For a check, the referencing row's address (block, offset) in `relation`.
     row: Option<(u32, u16)>,
@@ -65,6 +66,141 @@ thread_local! {
     /// A deferred NO ACTION trigger's look for another row with its removed key (by
     /// constraint), to guard the look for referencing rows that follows it.
     static KEY_BACK: RefCell<Option<(pg_sys::Oid, Guard)>> = const { RefCell::new(None) };
+    /// While serving: whether each deferrable constraint of the statement's triggers is
+    /// deferred in the origin's transaction ([`shim_triggers`]).
+    static ORIGIN_DEFERRED: RefCell<Vec<(pg_sys::Oid, bool)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One `SET CONSTRAINTS` of a transaction, as the nodes serving its statements read it
+/// ([`crate::gucs::constraint_modes`]): ALL, or the constraints of one name in one schema
+/// (with their partitions' clones), made deferred or immediate. As in PostgreSQL, the last
+/// one that names a constraint decides, and ALL forgets the ones before it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Mode {
+    /// (schema, constraint name); `None`: ALL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    named: Option<(String, String)>,
+    deferred: bool,
+}
+
+/// The `SET CONSTRAINTS` modes of the transaction: this backend's own, or while serving, the
+/// origin's (forwarded with the statement).
+fn modes() -> Vec<Mode> {
+    let raw = crate::gucs::constraint_modes();
+    if raw.is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str(&raw).unwrap_or_default()
+}
+
+/// Whether a deferrable constraint whose names up its partition tree are `chain` is deferred
+/// under `modes`, `initially` if none names it.
+fn deferred_under(modes: &[Mode], chain: &[(String, String)], initially: bool) -> bool {
+    modes
+        .iter()
+        .rev()
+        .find(|m| m.named.as_ref().is_none_or(|n| chain.contains(n)))
+        .map_or(initially, |m| m.deferred)
+}
+
+/// Constraint `conoid` and the constraints it was cloned from (a partition's foreign key
+/// from its table's), each as (schema, name): what `SET CONSTRAINTS` names reach it by.
+fn constraint_chain(conoid: pg_sys::Oid) -> Vec<(String, String)> {
+    let json = crate::regions::spi::read_one(
+        "WITH RECURSIVE up(oid, depth) AS ( \
+           SELECT $1::pg_catalog.oid, 0 \
+           UNION ALL SELECT c.conparentid, up.depth + 1 FROM pg_catalog.pg_constraint c \
+             JOIN up ON c.oid = up.oid WHERE c.conparentid <> 0) \
+         SELECT pg_catalog.json_agg(pg_catalog.json_build_array(n.nspname, c.conname) ORDER BY up.depth)::text \
+         FROM up JOIN pg_catalog.pg_constraint c ON c.oid = up.oid \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.connamespace",
+        vec![conoid.into()],
+    );
+    json.and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_default()
+}
+
+/// After a utility statement ran here. A `SET CONSTRAINTS` in a transaction block is kept
+/// for the nodes that serve this transaction's statements (PostgreSQL's own state covers
+/// only this node's triggers); one that makes constraints immediate also runs the checks of
+/// theirs that served statements returned for commit, as PostgreSQL runs its own pending
+/// ones at that statement.
+///
+/// # Safety
+/// `pstmt` is the statement that just ran, in a transaction.
+#[allow(unsafe_code)]
+pub unsafe fn after_utility(pstmt: &pg_sys::PlannedStmt) {
+    // SAFETY: as this function's contract; the node is a ConstraintsSetStmt by its tag, and
+    // its list holds the RangeVars the grammar made of the names.
+    unsafe {
+        let stmt = pstmt.utilityStmt;
+        if stmt.is_null()
+            || (*stmt).type_ != pg_sys::NodeTag::T_ConstraintsSetStmt
+            || !pg_sys::IsTransactionBlock()
+        {
+            return;
+        }
+        let stmt = &*(stmt as *mut pg_sys::ConstraintsSetStmt);
+        let deferred = stmt.deferred;
+        let mut modes = modes();
+        let mut named = Vec::new();
+        if stmt.constraints.is_null() {
+            modes = vec![Mode {
+                named: None,
+                deferred,
+            }];
+        } else {
+            for i in 0..(*stmt.constraints).length {
+                let rv = pg_sys::list_nth(stmt.constraints, i) as *mut pg_sys::RangeVar;
+                if rv.is_null() || (*rv).relname.is_null() {
+                    continue;
+                }
+                let name = CStr::from_ptr((*rv).relname).to_string_lossy().into_owned();
+                // PostgreSQL took the first schema of the search path that has one so named.
+                let schema = if (*rv).schemaname.is_null() {
+                    crate::regions::spi::read_one(
+                        "SELECT s.nsp::text FROM pg_catalog.unnest(pg_catalog.current_schemas(true)) \
+                           WITH ORDINALITY AS s(nsp, i) \
+                         WHERE EXISTS (SELECT FROM pg_catalog.pg_constraint c \
+                           JOIN pg_catalog.pg_namespace n ON n.oid = c.connamespace \
+                           WHERE n.nspname = s.nsp AND c.conname = $1) \
+                         ORDER BY s.i LIMIT 1",
+                        vec![name.as_str().into()],
+                    )
+                } else {
+                    Some(
+                        CStr::from_ptr((*rv).schemaname)
+                            .to_string_lossy()
+                            .into_owned(),
+                    )
+                };
+                if let Some(schema) = schema {
+                    named.push((schema, name));
+                }
+            }
+            modes.retain(|m| m.named.as_ref().is_none_or(|n| !named.contains(n)));
+            modes.extend(named.iter().cloned().map(|n| Mode {
+                named: Some(n),
+                deferred,
+            }));
+        }
+        let json = serde_json::to_string(&modes).unwrap_or_default();
+        let value = CString::new(json).unwrap_or_default();
+        pg_sys::set_config_option(
+            c"multiregion.constraint_modes".as_ptr(),
+            value.as_ptr(),
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_LOCAL,
+            true,
+            0,
+            false,
+        );
+        if !deferred {
+            let all = stmt.constraints.is_null();
+            run_at_commit_where(|d| all || d.constraint.iter().any(|c| named.contains(c)));
+        }
+    }
 }
 
 /// A builtin function as pgrx binds it (its wrapper turns an ERROR inside into an unwind).
@@ -123,7 +259,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
         cascade_targets(qd);
-        let mut deferred = Vec::new();
+        let (mut immediate, mut deferred_here) = (Vec::new(), Vec::new());
         for rri in result_relations(estate, true) {
             if (*rri).ri_TrigDesc.is_null() || (*rri).ri_TrigFunctions.is_null() {
                 continue;
@@ -135,45 +271,78 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                 if ri_function(trigger.tgfoid).is_some() {
                     pg_sys::fmgr_info_cxt(trigger.tgfoid, finfo, (*estate).es_query_cxt);
                     (*finfo).fn_addr = Some(ri_trigger);
-                    // Served for another node, an INITIALLY DEFERRED key between
-                    // replicated tables (the others are immediate here already, and a
-                    // key to a table that is not replicated is checked here at commit).
+                    if !(trigger.tgdeferrable && crate::routing::serving_remote()) {
+                        continue;
+                    }
+                    // Served for another node, a deferrable key: deferred or not as the
+                    // origin's transaction has it (its SET CONSTRAINTS), not as this
+                    // session does.
+                    let at_origin = origin_deferred(trigger.tgconstraint, trigger.tginitdeferred);
                     let relid = (*(*rri).ri_RelationDesc).rd_id;
-                    if trigger.tginitdeferred
-                        && crate::routing::serving_remote()
-                        && crate::replication::is_replicated_table_locked(relid)
-                        && crate::replication::is_replicated_table_locked(trigger.tgconstrrelid)
-                    {
+                    // Between replicated tables its queries fire with the statement and go
+                    // to the origin (to run at its commit if it is deferred there); a key to
+                    // a table that is not replicated is checked here, at this part's
+                    // commit if the origin defers it.
+                    let replicated = crate::replication::is_replicated_table_locked(relid)
+                        && crate::replication::is_replicated_table_locked(trigger.tgconstrrelid);
+                    let here = !replicated && at_origin;
+                    if here != trigger.tginitdeferred {
                         // The constraint's table: the trigger's own for a check, the
                         // referencing one for a removed key's.
                         let table = match ri_function(trigger.tgfoid) {
                             Some((RiKind::Check, _)) => relid,
                             _ => trigger.tgconstrrelid,
                         };
-                        if !deferred.contains(&(trigger.tgconstraint, table)) {
-                            deferred.push((trigger.tgconstraint, table));
+                        let list = if here {
+                            &mut deferred_here
+                        } else {
+                            &mut immediate
+                        };
+                        if !list.contains(&(trigger.tgconstraint, table)) {
+                            list.push((trigger.tgconstraint, table));
                         }
                     }
                 }
             }
         }
-        checked_after_statement(&deferred);
+        set_constraints(&immediate, false);
+        set_constraints(&deferred_here, true);
     }
 }
 
-/// Makes INITIALLY DEFERRED foreign keys (`(constraint, its table)`) checked when the
-/// statement's AFTER triggers fire, in this served transaction, as `SET CONSTRAINTS …
-/// IMMEDIATE` would (as the bootstrap superuser: naming a constraint by its schema takes
-/// USAGE on it, which PostgreSQL's own check, run as the table owner, does not need):
-/// fired at this node's commit, their checks would run outside any served statement, against
-/// this node's copies (a parent the transaction inserted on its leaseholder a statement later
-/// was missing: 23503 for a valid row). Fired with the statement, they reach [`ri_trigger`],
-/// which returns an INITIALLY DEFERRED key's queries to the origin to run at its commit.
+/// Whether deferrable constraint `conoid` is deferred in the origin's transaction, served
+/// here (`initially`: as declared, when the origin named it in no `SET CONSTRAINTS`);
+/// decided once per statement and kept for [`ri_trigger`].
+fn origin_deferred(conoid: pg_sys::Oid, initially: bool) -> bool {
+    let modes = modes();
+    let deferred = if modes.is_empty() {
+        initially
+    } else {
+        deferred_under(&modes, &constraint_chain(conoid), initially)
+    };
+    ORIGIN_DEFERRED.with(|o| {
+        let mut o = o.borrow_mut();
+        o.retain(|(c, _)| *c != conoid);
+        o.push((conoid, deferred));
+    });
+    deferred
+}
+
+/// Makes deferrable foreign keys (`(constraint, its table)`) checked when the statement's
+/// AFTER triggers fire (or, `deferred`, at commit), in this served transaction, as `SET
+/// CONSTRAINTS … IMMEDIATE` (`DEFERRED`) would (as the bootstrap superuser: naming a
+/// constraint by its schema takes USAGE on it, which PostgreSQL's own check, run as the table
+/// owner, does not need). A key deferred at the origin between replicated tables is made
+/// immediate here: fired at this node's commit, its checks would run outside any served
+/// statement, against this node's copies (a parent the transaction inserted on its
+/// leaseholder a statement later was missing: 23503 for a valid row). Fired with the
+/// statement, they reach [`ri_trigger`], which returns their queries to the origin to run
+/// at its commit.
 ///
 /// # Safety
 /// In a transaction, inside a statement's ExecutorFinish.
 #[allow(unsafe_code)]
-unsafe fn checked_after_statement(constraints: &[(pg_sys::Oid, pg_sys::Oid)]) {
+unsafe fn set_constraints(constraints: &[(pg_sys::Oid, pg_sys::Oid)], deferred: bool) {
     if constraints.is_empty() {
         return;
     }
@@ -198,7 +367,7 @@ unsafe fn checked_after_statement(constraints: &[(pg_sys::Oid, pg_sys::Oid)]) {
             as *mut pg_sys::ConstraintsSetStmt;
         (*stmt).type_ = pg_sys::NodeTag::T_ConstraintsSetStmt;
         (*stmt).constraints = names;
-        (*stmt).deferred = false;
+        (*stmt).deferred = deferred;
         crate::sequences::as_superuser(|| pg_sys::AfterTriggerSetState(stmt));
     }
 }
@@ -394,7 +563,17 @@ unsafe extern "C-unwind" fn ri_trigger(fcinfo: pg_sys::FunctionCallInfo) -> pg_s
                 kind,
                 constraint: (*(*td).tg_trigger).tgconstraint,
                 relation: (*(*td).tg_relation).rd_id,
-                deferred: (*(*td).tg_trigger).tginitdeferred,
+                deferred: {
+                    let t = &*(*td).tg_trigger;
+                    ORIGIN_DEFERRED
+                        .with(|o| {
+                            o.borrow()
+                                .iter()
+                                .find(|(c, _)| *c == t.tgconstraint)
+                                .map(|(_, d)| *d)
+                        })
+                        .unwrap_or(t.tginitdeferred)
+                },
                 row,
             }
         });
@@ -498,6 +677,11 @@ pub fn defer(
             crosscheck: statement.crosscheck,
             at_commit,
             guard,
+            constraint: if at_commit {
+                constraint_chain(call.constraint)
+            } else {
+                Vec::new()
+            },
         })
     });
     rows
@@ -699,8 +883,18 @@ pub fn returned(deferred: Vec<DeferredStatement>) {
 /// DEFERRED foreign keys that statements served elsewhere returned, as [`run_pending`] runs
 /// the others, each skipped if the row it is about is gone by now (its guard finds nothing).
 pub fn run_at_commit() {
+    run_at_commit_where(|_| true);
+}
+
+/// Runs the checks returned for commit that `which` picks, in the order they came.
+fn run_at_commit_where(which: impl Fn(&DeferredStatement) -> bool) {
     loop {
-        let Some((_, d)) = AT_COMMIT.with(|p| p.borrow_mut().pop_front()) else {
+        let next = AT_COMMIT.with(|p| {
+            let mut p = p.borrow_mut();
+            let i = p.iter().position(|(_, d)| which(d))?;
+            p.remove(i)
+        });
+        let Some((_, d)) = next else {
             return;
         };
         if let Some(g) = &d.guard {
@@ -712,6 +906,7 @@ pub fn run_at_commit() {
                 crosscheck: false,
                 at_commit: false,
                 guard: None,
+                constraint: Vec::new(),
             };
             if (run_as(&guard) > 0) == g.skip_if_found {
                 continue;
@@ -794,4 +989,5 @@ pub fn reset() {
     DEFERRED.with(|d| d.borrow_mut().clear());
     PENDING.with(|p| p.borrow_mut().clear());
     AT_COMMIT.with(|p| p.borrow_mut().clear());
+    ORIGIN_DEFERRED.with(|o| o.borrow_mut().clear());
 }

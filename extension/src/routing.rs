@@ -43,6 +43,8 @@ const FORWARDED_SETTINGS: &[&str] = &[
     "lock_timeout",
     "statement_timeout",
     "multiregion.enable_auto_rehoming",
+    // SET CONSTRAINTS of the transaction (`crate::ri::after_utility`).
+    "multiregion.constraint_modes",
 ];
 
 /// A statement this backend runs on another node.
@@ -2540,7 +2542,10 @@ fn forwarded_settings() -> Vec<(String, String)> {
         // valid until it next changes; it is copied at once.
         unsafe {
             let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
-            if !v.is_null() {
+            // Set only by a SET CONSTRAINTS, and not sent before: a node on an older
+            // version of the extension does not know it.
+            let unset = *name == "multiregion.constraint_modes" && !v.is_null() && *v == 0;
+            if !v.is_null() && !unset {
                 settings.push((
                     name.to_string(),
                     CStr::from_ptr(v).to_string_lossy().into_owned(),

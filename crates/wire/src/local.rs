@@ -537,6 +537,11 @@ pub struct DeferredStatement {
     /// version has a check of its own); a removed key's, if a row with the key is back.
     #[serde(default)]
     pub guard: Option<Guard>,
+    /// For such a query, its constraint and those it was cloned from (a partition's key from
+    /// its table's), each as (schema, name): a `SET CONSTRAINTS … IMMEDIATE` naming one of
+    /// them runs the query then instead.
+    #[serde(default)]
+    pub constraint: Vec<(String, String)>,
 }
 
 /// A query run before a [`DeferredStatement`] at commit, which is skipped if the guard finds
