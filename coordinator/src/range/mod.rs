@@ -157,6 +157,8 @@ fn snapshot_every() -> (u64, u64) {
 const SNAPSHOT_CHUNK: u64 = 1 << 20;
 /// How long the leader waits for a chunk's answer; the last one's includes installing it.
 const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 60_000;
+/// How long a change waits for the range's applier to pass the fence before it runs.
+const FENCE_WAIT: Duration = Duration::from_secs(5);
 /// Not serving: the fence has not been passed since the last reset.
 const NOT_SERVING: u64 = u64::MAX;
 
@@ -1273,6 +1275,31 @@ impl Ranges {
         Ok(g)
     }
 
+    /// A change to a range this node leads runs once the range's applier has passed its
+    /// fence (usually within milliseconds; a new range's at once), or is refused (40001) if
+    /// that takes [`FENCE_WAIT`]. Run before, it would lock rows the applier must write to
+    /// pass the fence and hold the range back until its commit timed out (which refuses a
+    /// transaction begun before the fence was passed anyway): a new leader's applier so held
+    /// up by its first clients' statements once kept a range from serving writes for its
+    /// whole term.
+    async fn await_fence(&self, ranges: &BTreeSet<(u64, Option<u64>)>) -> Result<(), WriteError> {
+        let deadline = Instant::now() + FENCE_WAIT;
+        for &(range_id, _) in ranges {
+            let Some(g) = self.listed_group(range_id) else {
+                continue;
+            };
+            while g.leading().is_some() && g.serving_since() == NOT_SERVING {
+                if Instant::now() >= deadline {
+                    return Err(WriteError::Retryable(format!(
+                        "range {range_id} is still applying writes committed before this node took its lease"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// The range holding (table, partition) rows ([`range_for`]).
     fn range_of(&self, t: &TableRef, p: &Option<String>) -> Option<u64> {
         self.meta.read(|s| range_for(s, t, p).map(|r| r.range_id))
@@ -1542,7 +1569,10 @@ impl Ranges {
                 // A change is checked against the range's fence when it commits; a statement
                 // that only reads (a locking or REPEATABLE READ/SERIALIZABLE read) must not
                 // read a deposed or not yet serving leader's rows.
-                Some(_) if modifies => return Ok(here(true)),
+                Some(_) if modifies => {
+                    self.await_fence(&ranges).await?;
+                    return Ok(here(true));
+                }
                 Some(_) => {
                     self.barrier(read).await?;
                     return Ok(here(true));
