@@ -5195,6 +5195,35 @@ async fn set_constraints_reaches_the_nodes_serving_the_transactions_statements()
     let (code, message) = fails(&mut east, "INSERT INTO c VALUES (7, 97)").await;
     assert_eq!((code.as_str(), message.as_str()), ("23503", violated));
     exec(&mut east, "ROLLBACK").await;
+    // A session begun inside the savepoint (it got the deferral as it began) loses it too.
+    exec(
+        &mut east,
+        "BEGIN; SAVEPOINT a; SET CONSTRAINTS ALL DEFERRED; INSERT INTO c VALUES (10, 94); \
+         ROLLBACK TO SAVEPOINT a",
+    )
+    .await;
+    let (code, message) = fails(&mut east, "INSERT INTO c VALUES (11, 93)").await;
+    assert_eq!((code.as_str(), message.as_str()), ("23503", violated));
+    exec(&mut east, "ROLLBACK").await;
+    // A check run early by a SET CONSTRAINTS … IMMEDIATE that a rollback to a savepoint
+    // undoes is due again at commit.
+    exec(
+        &mut east,
+        "BEGIN; SET CONSTRAINTS ALL DEFERRED; INSERT INTO c VALUES (9, 95); SAVEPOINT s",
+    )
+    .await;
+    let (code, _) = fails(&mut east, "SET CONSTRAINTS ALL IMMEDIATE").await;
+    assert_eq!(code, "23503");
+    exec(&mut east, "ROLLBACK TO SAVEPOINT s").await;
+    let (code, message) = fails(&mut east, "COMMIT").await;
+    assert_eq!((code.as_str(), message.as_str()), ("23503", violated));
+    // In a function's body too, for the rest of the transaction.
+    exec(
+        &mut east,
+        "DO $$BEGIN SET CONSTRAINTS ALL DEFERRED; INSERT INTO c VALUES (12, 12); \
+         INSERT INTO p VALUES (12); END$$",
+    )
+    .await;
     // An INITIALLY DEFERRED key made immediate is checked with the statement.
     exec(&mut east, "BEGIN; SET CONSTRAINTS d_pid_fkey IMMEDIATE").await;
     let (code, message) = fails(&mut east, "INSERT INTO d VALUES (8, 96)").await;
@@ -5215,7 +5244,7 @@ async fn set_constraints_reaches_the_nodes_serving_the_transactions_statements()
                 let children = count_in(n, "SELECT count(*) FROM c").await;
                 let parents = count_in(n, "SELECT count(*) FROM p").await;
                 let others = count_in(n, "SELECT count(*) FROM d").await;
-                (children == Some(4) && parents == Some(4) && others == Some(1)).then_some(())
+                (children == Some(5) && parents == Some(5) && others == Some(1)).then_some(())
             },
         )
         .await;

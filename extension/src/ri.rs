@@ -69,6 +69,25 @@ thread_local! {
     /// While serving: whether each deferrable constraint of the statement's triggers is
     /// deferred in the origin's transaction ([`shim_triggers`]).
     static ORIGIN_DEFERRED: RefCell<Vec<(pg_sys::Oid, bool)>> = const { RefCell::new(Vec::new()) };
+    /// Checks returned for commit that a `SET CONSTRAINTS … IMMEDIATE` ran early, each with
+    /// the subtransaction it was returned in and the one it ran in: a rollback of the
+    /// latter puts it back, as PostgreSQL fires such events again at commit.
+    static RAN: RefCell<Vec<(pg_sys::SubTransactionId, pg_sys::SubTransactionId, DeferredStatement)>> =
+        const { RefCell::new(Vec::new()) };
+    /// Each constraint's names up its partition tree ([`constraint_chain`]), this transaction.
+    static CHAINS: RefCell<Vec<(pg_sys::Oid, Chain)>> = const { RefCell::new(Vec::new()) };
+    /// This transaction ran a `SET CONSTRAINTS`: its modes are forwarded even once empty
+    /// again (a rollback to a savepoint), so that a session begun inside the savepoint, which
+    /// got them at its start, loses them too.
+    static MODES_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A constraint's (schema, name), then those of the constraints it was cloned from.
+type Chain = Vec<(String, String)>;
+
+/// Whether this transaction ran a `SET CONSTRAINTS` ([`MODES_SET`]).
+pub fn modes_set() -> bool {
+    MODES_SET.with(|m| m.get())
 }
 
 /// One `SET CONSTRAINTS` of a transaction, as the nodes serving its statements read it
@@ -106,6 +125,20 @@ fn deferred_under(modes: &[Mode], chain: &[(String, String)], initially: bool) -
 /// Constraint `conoid` and the constraints it was cloned from (a partition's foreign key
 /// from its table's), each as (schema, name): what `SET CONSTRAINTS` names reach it by.
 fn constraint_chain(conoid: pg_sys::Oid) -> Vec<(String, String)> {
+    if let Some(c) = CHAINS.with(|c| {
+        c.borrow()
+            .iter()
+            .find(|(o, _)| *o == conoid)
+            .map(|(_, c)| c.clone())
+    }) {
+        return c;
+    }
+    let chain = read_chain(conoid);
+    CHAINS.with(|c| c.borrow_mut().push((conoid, chain.clone())));
+    chain
+}
+
+fn read_chain(conoid: pg_sys::Oid) -> Vec<(String, String)> {
     let json = crate::regions::spi::read_one(
         "WITH RECURSIVE up(oid, depth) AS ( \
            SELECT $1::pg_catalog.oid, 0 \
@@ -134,12 +167,10 @@ pub unsafe fn after_utility(pstmt: &pg_sys::PlannedStmt) {
     // its list holds the RangeVars the grammar made of the names.
     unsafe {
         let stmt = pstmt.utilityStmt;
-        if stmt.is_null()
-            || (*stmt).type_ != pg_sys::NodeTag::T_ConstraintsSetStmt
-            || !pg_sys::IsTransactionBlock()
-        {
+        if stmt.is_null() || (*stmt).type_ != pg_sys::NodeTag::T_ConstraintsSetStmt {
             return;
         }
+        MODES_SET.with(|m| m.set(true));
         let stmt = &*(stmt as *mut pg_sys::ConstraintsSetStmt);
         let deferred = stmt.deferred;
         let mut modes = modes();
@@ -259,7 +290,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
             pg_sys::ExecGetTriggerResultRel(estate, relid, std::ptr::null_mut());
         }
         cascade_targets(qd);
-        let (mut immediate, mut deferred_here) = (Vec::new(), Vec::new());
+        let mut immediate = Vec::new();
         for rri in result_relations(estate, true) {
             if (*rri).ri_TrigDesc.is_null() || (*rri).ri_TrigFunctions.is_null() {
                 continue;
@@ -274,39 +305,34 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                     if !(trigger.tgdeferrable && crate::routing::serving_remote()) {
                         continue;
                     }
-                    // Served for another node, a deferrable key: deferred or not as the
-                    // origin's transaction has it (its SET CONSTRAINTS), not as this
-                    // session does.
-                    let at_origin = origin_deferred(trigger.tgconstraint, trigger.tginitdeferred);
+                    // Served for another node, a deferrable key between replicated tables
+                    // (one to a table that is not replicated is checked here as declared):
+                    // deferred or not as the origin's transaction has it (its SET
+                    // CONSTRAINTS). It fires with the statement here (INITIALLY DEFERRED
+                    // ones are made immediate; no served statement defers a key), and its
+                    // queries go to the origin, to run at its commit if it defers the key.
                     let relid = (*(*rri).ri_RelationDesc).rd_id;
-                    // Between replicated tables its queries fire with the statement and go
-                    // to the origin (to run at its commit if it is deferred there); a key to
-                    // a table that is not replicated is checked here, at this part's
-                    // commit if the origin defers it.
-                    let replicated = crate::replication::is_replicated_table_locked(relid)
-                        && crate::replication::is_replicated_table_locked(trigger.tgconstrrelid);
-                    let here = !replicated && at_origin;
-                    if here != trigger.tginitdeferred {
+                    if !(crate::replication::is_replicated_table_locked(relid)
+                        && crate::replication::is_replicated_table_locked(trigger.tgconstrrelid))
+                    {
+                        continue;
+                    }
+                    origin_deferred(trigger.tgconstraint, trigger.tginitdeferred);
+                    if trigger.tginitdeferred {
                         // The constraint's table: the trigger's own for a check, the
                         // referencing one for a removed key's.
                         let table = match ri_function(trigger.tgfoid) {
                             Some((RiKind::Check, _)) => relid,
                             _ => trigger.tgconstrrelid,
                         };
-                        let list = if here {
-                            &mut deferred_here
-                        } else {
-                            &mut immediate
-                        };
-                        if !list.contains(&(trigger.tgconstraint, table)) {
-                            list.push((trigger.tgconstraint, table));
+                        if !immediate.contains(&(trigger.tgconstraint, table)) {
+                            immediate.push((trigger.tgconstraint, table));
                         }
                     }
                 }
             }
         }
-        set_constraints(&immediate, false);
-        set_constraints(&deferred_here, true);
+        set_constraints(&immediate);
     }
 }
 
@@ -328,9 +354,9 @@ fn origin_deferred(conoid: pg_sys::Oid, initially: bool) -> bool {
     deferred
 }
 
-/// Makes deferrable foreign keys (`(constraint, its table)`) checked when the statement's
-/// AFTER triggers fire (or, `deferred`, at commit), in this served transaction, as `SET
-/// CONSTRAINTS … IMMEDIATE` (`DEFERRED`) would (as the bootstrap superuser: naming a
+/// Makes INITIALLY DEFERRED foreign keys (`(constraint, its table)`) checked when the
+/// statement's AFTER triggers fire, in this served transaction, as `SET CONSTRAINTS …
+/// IMMEDIATE` would (as the bootstrap superuser: naming a
 /// constraint by its schema takes USAGE on it, which PostgreSQL's own check, run as the table
 /// owner, does not need). A key deferred at the origin between replicated tables is made
 /// immediate here: fired at this node's commit, its checks would run outside any served
@@ -342,7 +368,7 @@ fn origin_deferred(conoid: pg_sys::Oid, initially: bool) -> bool {
 /// # Safety
 /// In a transaction, inside a statement's ExecutorFinish.
 #[allow(unsafe_code)]
-unsafe fn set_constraints(constraints: &[(pg_sys::Oid, pg_sys::Oid)], deferred: bool) {
+unsafe fn set_constraints(constraints: &[(pg_sys::Oid, pg_sys::Oid)]) {
     if constraints.is_empty() {
         return;
     }
@@ -367,7 +393,7 @@ unsafe fn set_constraints(constraints: &[(pg_sys::Oid, pg_sys::Oid)], deferred: 
             as *mut pg_sys::ConstraintsSetStmt;
         (*stmt).type_ = pg_sys::NodeTag::T_ConstraintsSetStmt;
         (*stmt).constraints = names;
-        (*stmt).deferred = deferred;
+        (*stmt).deferred = false;
         crate::sequences::as_superuser(|| pg_sys::AfterTriggerSetState(stmt));
     }
 }
@@ -668,6 +694,11 @@ pub fn defer(
             .map(|(_, g)| g),
         _ => None,
     };
+    let constraint = if at_commit {
+        constraint_chain(call.constraint)
+    } else {
+        Vec::new()
+    };
     DEFERRED.with(|d| {
         d.borrow_mut().push(DeferredStatement {
             sql: statement.sql.clone(),
@@ -677,11 +708,7 @@ pub fn defer(
             crosscheck: statement.crosscheck,
             at_commit,
             guard,
-            constraint: if at_commit {
-                constraint_chain(call.constraint)
-            } else {
-                Vec::new()
-            },
+            constraint,
         })
     });
     rows
@@ -887,6 +914,7 @@ pub fn run_at_commit() {
 }
 
 /// Runs the checks returned for commit that `which` picks, in the order they came.
+#[allow(unsafe_code)]
 fn run_at_commit_where(which: impl Fn(&DeferredStatement) -> bool) {
     loop {
         let next = AT_COMMIT.with(|p| {
@@ -894,9 +922,12 @@ fn run_at_commit_where(which: impl Fn(&DeferredStatement) -> bool) {
             let i = p.iter().position(|(_, d)| which(d))?;
             p.remove(i)
         });
-        let Some((_, d)) = next else {
+        let Some((returned_in, d)) = next else {
             return;
         };
+        // SAFETY: reads the current subtransaction's id, in a transaction.
+        let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+        RAN.with(|r| r.borrow_mut().push((returned_in, sub, d.clone())));
         if let Some(g) = &d.guard {
             let guard = DeferredStatement {
                 sql: g.sql.clone(),
@@ -980,6 +1011,24 @@ pub fn sub_aborted(sub: pg_sys::SubTransactionId) {
     DEFERRED.with(|d| d.borrow_mut().clear());
     PENDING.with(|p| p.borrow_mut().clear());
     AT_COMMIT.with(|p| p.borrow_mut().retain(|(s, _)| *s < sub));
+    // Checks run early in the aborted subtransaction are due again at commit (unless they
+    // were returned in it).
+    let back: Vec<_> = RAN.with(|r| {
+        let mut r = r.borrow_mut();
+        let (back, kept) = std::mem::take(&mut *r)
+            .into_iter()
+            .partition(|(_, ran_in, _)| *ran_in >= sub);
+        *r = kept;
+        back
+    });
+    AT_COMMIT.with(|p| {
+        let mut p = p.borrow_mut();
+        for (returned_in, _, d) in back.into_iter().rev() {
+            if returned_in < sub {
+                p.push_front((returned_in, d));
+            }
+        }
+    });
 }
 
 /// Transaction end.
@@ -990,4 +1039,7 @@ pub fn reset() {
     PENDING.with(|p| p.borrow_mut().clear());
     AT_COMMIT.with(|p| p.borrow_mut().clear());
     ORIGIN_DEFERRED.with(|o| o.borrow_mut().clear());
+    RAN.with(|r| r.borrow_mut().clear());
+    CHAINS.with(|c| c.borrow_mut().clear());
+    MODES_SET.with(|m| m.set(false));
 }

@@ -2544,7 +2544,10 @@ fn forwarded_settings() -> Vec<(String, String)> {
             let v = pg_sys::GetConfigOption(c.as_ptr(), true, false);
             // Set only by a SET CONSTRAINTS, and not sent before: a node on an older
             // version of the extension does not know it.
-            let unset = *name == "multiregion.constraint_modes" && !v.is_null() && *v == 0;
+            let unset = *name == "multiregion.constraint_modes"
+                && !v.is_null()
+                && *v == 0
+                && !crate::ri::modes_set();
             if !v.is_null() && !unset {
                 settings.push((
                     name.to_string(),

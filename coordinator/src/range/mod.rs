@@ -157,8 +157,6 @@ fn snapshot_every() -> (u64, u64) {
 const SNAPSHOT_CHUNK: u64 = 1 << 20;
 /// How long the leader waits for a chunk's answer; the last one's includes installing it.
 const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 60_000;
-/// How long a change waits for the range's applier to pass the fence before it runs.
-const FENCE_WAIT: Duration = Duration::from_secs(5);
 /// Not serving: the fence has not been passed since the last reset.
 const NOT_SERVING: u64 = u64::MAX;
 
@@ -273,6 +271,10 @@ impl Group {
                 fence,
                 "leading the range; writes wait until the applier reaches the fence"
             );
+            // Not the larger of this and an earlier fence: a fence set from a log since
+            // truncated (a deposed leader's) would be beyond this log for good, and every
+            // entry that can still commit is in it at or below its last index.
+            f.index = fence;
             self.raise(&mut f, fence);
         }
         Some(m.current_term)
@@ -1275,21 +1277,21 @@ impl Ranges {
         Ok(g)
     }
 
-    /// A change to a range this node leads runs once the range's applier has passed its
-    /// fence (usually within milliseconds; a new range's at once), or is refused (40001) if
-    /// that takes [`FENCE_WAIT`]. Run before, it would lock rows the applier must write to
-    /// pass the fence and hold the range back until its commit timed out (which refuses a
-    /// transaction begun before the fence was passed anyway): a new leader's applier so held
-    /// up by its first clients' statements once kept a range from serving writes for its
-    /// whole term.
+    /// A change to a range this node leads whose fence is up: refused at once (40001) once
+    /// the range has rows, as its commit would refuse it anyway (the transaction began
+    /// before the fence is passed); a range without rows yet (a new one) is waited for, up
+    /// to [`WRITE_TIMEOUT`]. Run, the statement would lock rows the applier must write to
+    /// pass the fence, and hold the range back until its commit timed out: a new leader's
+    /// applier so held up by its first clients' statements once kept a range from serving
+    /// writes for its whole term.
     async fn await_fence(&self, ranges: &BTreeSet<(u64, Option<u64>)>) -> Result<(), WriteError> {
-        let deadline = Instant::now() + FENCE_WAIT;
+        let deadline = Instant::now() + WRITE_TIMEOUT;
         for &(range_id, _) in ranges {
             let Some(g) = self.listed_group(range_id) else {
                 continue;
             };
             while g.leading().is_some() && g.serving_since() == NOT_SERVING {
-                if Instant::now() >= deadline {
+                if g.data_seen() || Instant::now() >= deadline {
                     return Err(WriteError::Retryable(format!(
                         "range {range_id} is still applying writes committed before this node took its lease"
                     )));
