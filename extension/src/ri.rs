@@ -317,7 +317,7 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
                     {
                         continue;
                     }
-                    origin_deferred(trigger.tgconstraint, trigger.tginitdeferred);
+                    note_origin_deferred(trigger.tgconstraint, trigger.tginitdeferred);
                     if trigger.tginitdeferred {
                         // The constraint's table: the trigger's own for a check, the
                         // referencing one for a removed key's.
@@ -336,10 +336,10 @@ pub unsafe fn shim_triggers(qd: *mut pg_sys::QueryDesc) {
     }
 }
 
-/// Whether deferrable constraint `conoid` is deferred in the origin's transaction, served
-/// here (`initially`: as declared, when the origin named it in no `SET CONSTRAINTS`);
-/// decided once per statement and kept for [`ri_trigger`].
-fn origin_deferred(conoid: pg_sys::Oid, initially: bool) -> bool {
+/// Notes for [`ri_trigger`] whether deferrable constraint `conoid` is deferred in the
+/// origin's transaction, served here (`initially`: as declared, when the origin named it in
+/// no `SET CONSTRAINTS`); decided once per statement.
+fn note_origin_deferred(conoid: pg_sys::Oid, initially: bool) {
     let modes = modes();
     let deferred = if modes.is_empty() {
         initially
@@ -351,7 +351,6 @@ fn origin_deferred(conoid: pg_sys::Oid, initially: bool) -> bool {
         o.retain(|(c, _)| *c != conoid);
         o.push((conoid, deferred));
     });
-    deferred
 }
 
 /// Makes INITIALLY DEFERRED foreign keys (`(constraint, its table)`) checked when the
